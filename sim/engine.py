@@ -1,0 +1,198 @@
+"""Batched physics engines: N copies of one MuJoCo model stepped in native code.
+
+Both engines offer the same small interface, so tasks never see which one runs:
+`get`/`set` for data fields as (num_envs, ...) arrays, `model_field`/`set_model_field`
+for per-env model parameters (domain randomization), `step`, `reset`, `forward`.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import mujoco
+import numpy as np
+from mujoco import batch as mjbatch
+
+from sim import native
+
+# Data fields that are part of the integration state: writable, persistent.
+STATE_FIELDS = (
+    "qpos",
+    "qvel",
+    "act",
+    "qacc_warmstart",
+    "ctrl",
+    "qfrc_applied",
+    "xfrc_applied",
+    "time",
+)
+
+
+def default_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class SimulationFailure(RuntimeError):
+    """MuJoCo raised an error in some simulations; `ids` names them."""
+
+    def __init__(self, ids: np.ndarray, message: str):
+        self.ids = np.asarray(ids)
+        super().__init__(message)
+
+
+class BatchEngine:
+    """`mujoco.batch.Batch`: state rows stepped on MuJoCo's own thread pool."""
+
+    def __init__(self, model: mujoco.MjModel, num_envs: int, nthread: int = 0):
+        self.model = model
+        self.num_envs = num_envs
+        self.nthread = nthread or default_threads()
+        self._b = mjbatch.Batch(model, nsim=num_envs, nthread=self.nthread)
+        self._ctrl = self._b.bind("ctrl")
+
+    def get(self, name: str) -> np.ndarray:
+        # bound arrays are live views; callers that keep a value must copy it
+        return self._b.bind(name)
+
+    def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
+        arr = self._b.bind(name)
+        if ids is None:
+            arr[...] = values
+        else:
+            arr[ids] = values
+
+    def model_field(self, name: str) -> np.ndarray:
+        return self._b.expand(name)
+
+    def set_model_field(self, name: str, values: np.ndarray, ids: np.ndarray) -> None:
+        self._b.expand(name)[ids] = values
+
+    def set_const(self, ids: np.ndarray) -> None:
+        self._b.set_const(ids)
+
+    def step(self, ctrl: np.ndarray, nsub: int) -> None:
+        self._ctrl[...] = ctrl
+        try:
+            self._b.step(nstep=nsub)
+        except mjbatch.SimulationError as e:
+            raise SimulationFailure(e.ids, str(e)) from e
+
+    def reset(self, ids: np.ndarray) -> None:
+        self._b.reset(ids, stage=mujoco.mjtStage.mjSTAGE_NONE)
+
+    def forward(self, ids: np.ndarray) -> None:
+        self._b.forward(ids)
+
+    def get_data(self, i: int) -> mujoco.MjData:
+        d = self._b.get_data(i)
+        mujoco.mj_forward(self.get_model(i), d)
+        return d
+
+    def get_model(self, i: int) -> mujoco.MjModel:
+        return self._b.get_model(i)
+
+
+class PoolEngine:
+    """One MjData (and, when randomized, one MjModel) per env, stepped by `sim.native`.
+
+    `rne_post=True` runs `mj_rnePostConstraint` after every env step, as Gymnasium's
+    MuJoCo envs do, so that `cfrc_ext` matches theirs bit for bit.
+    """
+
+    def __init__(
+        self, model: mujoco.MjModel, num_envs: int, nthread: int = 0, rne_post: bool = False
+    ):
+        self.model = model
+        self.num_envs = num_envs
+        self.nthread = nthread or default_threads()
+        self.rne_post = rne_post
+        self._models: list[mujoco.MjModel] = [model]
+        self._datas = [mujoco.MjData(model) for _ in range(num_envs)]
+        self._m_addr = np.full(num_envs, model._address, dtype=np.uint64)
+        self._d_addr = np.array([d._address for d in self._datas], dtype=np.uint64)
+        self._addr_cache: dict[tuple[str, str], tuple[np.ndarray, int, tuple, np.dtype]] = {}
+        self._per_env_models = False
+
+    # -- data fields ---------------------------------------------------------------
+    def _field(self, kind: str, name: str):
+        key = (kind, name)
+        if key not in self._addr_cache:
+            objs = self._datas if kind == "data" else self._models
+            arrays = [np.asarray(getattr(o, name)) for o in objs]
+            a0 = arrays[0]
+            if not a0.flags.c_contiguous:
+                raise ValueError(f"{kind} field {name!r} is not contiguous")
+            self._addr_cache[key] = (native.addresses(arrays), a0.nbytes, a0.shape, a0.dtype)
+        return self._addr_cache[key]
+
+    def get(self, name: str) -> np.ndarray:
+        if name == "time":
+            return np.array([d.time for d in self._datas])
+        addrs, nbytes, shape, dtype = self._field("data", name)
+        out = np.empty((self.num_envs, *shape), dtype=dtype)
+        if nbytes:
+            native.gather(addrs, nbytes, out)
+        return out
+
+    def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
+        ids = np.arange(self.num_envs) if ids is None else np.asarray(ids, dtype=np.int64)
+        if name == "time":
+            for i, v in zip(ids, np.broadcast_to(values, ids.shape)):
+                self._datas[i].time = float(v)
+            return
+        addrs, nbytes, shape, dtype = self._field("data", name)
+        src = np.ascontiguousarray(np.broadcast_to(values, (len(ids), *shape)), dtype=dtype)
+        if nbytes:
+            native.scatter(addrs, nbytes, src, ids)
+
+    # -- model fields --------------------------------------------------------------
+    def _ensure_per_env_models(self) -> None:
+        if self._per_env_models:
+            return
+        self._models = [copy.copy(self.model) for _ in range(self.num_envs)]
+        self._m_addr = np.array([m._address for m in self._models], dtype=np.uint64)
+        self._addr_cache = {k: v for k, v in self._addr_cache.items() if k[0] == "data"}
+        self._per_env_models = True
+
+    def model_field(self, name: str) -> np.ndarray:
+        self._ensure_per_env_models()
+        addrs, nbytes, shape, dtype = self._field("model", name)
+        out = np.empty((self.num_envs, *shape), dtype=dtype)
+        native.gather(addrs, nbytes, out)
+        return out
+
+    def set_model_field(self, name: str, values: np.ndarray, ids: np.ndarray) -> None:
+        self._ensure_per_env_models()
+        addrs, nbytes, shape, dtype = self._field("model", name)
+        src = np.ascontiguousarray(np.broadcast_to(values, (len(ids), *shape)), dtype=dtype)
+        native.scatter(addrs, nbytes, src, np.asarray(ids, dtype=np.int64))
+
+    def set_const(self, ids: np.ndarray) -> None:
+        native.setconst_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
+
+    # -- stepping ------------------------------------------------------------------
+    def step(self, ctrl: np.ndarray, nsub: int) -> None:
+        ctrl = np.ascontiguousarray(ctrl, dtype=np.float64)
+        addrs = self._field("data", "ctrl")[0]
+        native.step_pool(self._m_addr, self._d_addr, addrs, ctrl, nsub, self.rne_post, self.nthread)
+
+    def reset(self, ids: np.ndarray) -> None:
+        native.reset_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
+
+    def forward(self, ids: np.ndarray) -> None:
+        native.forward_pool(
+            self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.rne_post, self.nthread
+        )
+
+    def get_data(self, i: int) -> mujoco.MjData:
+        return self._datas[i]
+
+    def get_model(self, i: int) -> mujoco.MjModel:
+        return self._models[i] if self._per_env_models else self.model
+
+
+def make_engine(model: mujoco.MjModel, num_envs: int, nthread: int = 0, rne_post: bool = False):
+    if rne_post:
+        return PoolEngine(model, num_envs, nthread, rne_post=True)
+    return BatchEngine(model, num_envs, nthread)

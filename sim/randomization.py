@@ -1,0 +1,195 @@
+"""Sim-to-real models: domain randomization at reset, sensor noise, action latency, pushes.
+
+Everything is drawn from the env's seeded generator and applied to whole batches of
+envs at once; nothing here loops over envs in Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Range = tuple[float, float]
+
+
+def _check_range(name: str, r: Range | None, positive: bool = False) -> None:
+    if r is None:
+        return
+    if len(r) != 2 or not np.all(np.isfinite(r)) or r[0] > r[1]:
+        raise ValueError(f"{name} must be a finite (low, high) pair with low <= high, got {r!r}")
+    if positive and r[0] <= 0:
+        raise ValueError(f"{name} must be positive, got {r!r}")
+
+
+@dataclass
+class SimToRealConfig:
+    """Per-task defaults; every field can be overridden through `sim.make(..., s2r=...)`.
+
+    Ranges are (low, high) of a uniform draw made at every reset of an env; `None`
+    disables the item. Scales multiply the model's nominal value.
+    """
+
+    mass_scale: Range | None = None  # every body's mass
+    added_base_mass: Range | None = None  # kg added to the base body (task names it)
+    friction_scale: Range | None = None  # sliding friction of every geom
+    motor_strength: Range | None = None  # per actuator, scales torque (and its limit)
+    kp_scale: Range | None = None  # per actuator, position actuators only
+    kd_scale: Range | None = None
+    obs_noise: dict[str, float] = field(default_factory=dict)  # term -> std, per step
+    obs_bias: dict[str, float] = field(default_factory=dict)  # term -> std, per episode
+    action_latency: tuple[int, int] = (0, 0)  # control steps, drawn per env at reset
+    push_interval_s: float | None = None  # mean time between pushes
+    push_velocity: float = 0.0  # max xy base velocity change per push (m/s)
+    obs_history: int = 1  # policy frames stacked, oldest first
+
+    def __post_init__(self) -> None:
+        for name in ("mass_scale", "friction_scale", "motor_strength", "kp_scale", "kd_scale"):
+            _check_range(name, getattr(self, name), positive=True)
+        _check_range("added_base_mass", self.added_base_mass)
+        lo, hi = self.action_latency
+        if int(lo) != lo or int(hi) != hi or lo < 0 or hi < lo:
+            raise ValueError(
+                f"action_latency must be integers 0 <= low <= high, got {self.action_latency!r}"
+            )
+        if self.obs_history < 1:
+            raise ValueError(f"obs_history must be >= 1, got {self.obs_history}")
+        for name in ("obs_noise", "obs_bias"):
+            for k, v in getattr(self, name).items():
+                if not np.isfinite(v) or v < 0:
+                    raise ValueError(f"{name}[{k!r}] must be a finite std >= 0, got {v}")
+        if self.push_interval_s is not None and self.push_interval_s <= 0:
+            raise ValueError(f"push_interval_s must be > 0, got {self.push_interval_s}")
+
+    @property
+    def randomizes_model(self) -> bool:
+        return any(
+            getattr(self, n) is not None
+            for n in (
+                "mass_scale",
+                "added_base_mass",
+                "friction_scale",
+                "motor_strength",
+                "kp_scale",
+                "kd_scale",
+            )
+        )
+
+
+def uniform(rng: np.random.Generator, r: Range | None, shape) -> np.ndarray:
+    if r is None:
+        return np.ones(shape)
+    return rng.uniform(r[0], r[1], size=shape)
+
+
+class ModelRandomizer:
+    """Writes per-env physical parameters into the engine at reset.
+
+    Keeps the nominal values so that draws never compound across episodes, and the
+    draws of the current episode so that the critic can observe them (privileged).
+    """
+
+    def __init__(
+        self, engine, cfg: SimToRealConfig, base_body: int | None, position_actuators: bool
+    ):
+        self.engine, self.cfg = engine, cfg
+        self.base_body = base_body
+        self.position_actuators = position_actuators
+        m = engine.model
+        n = engine.num_envs
+        self.nominal_mass = m.body_mass.copy()
+        self.nominal_friction = m.geom_friction.copy()
+        self.nominal_gear = m.actuator_gear.copy()
+        self.nominal_gain = m.actuator_gainprm.copy()
+        self.nominal_bias = m.actuator_biasprm.copy()
+        self.nominal_force = m.actuator_forcerange.copy()
+        # current draws, privileged information
+        self.friction = np.ones(n)
+        self.added_mass = np.zeros(n)
+        self.mass_scale = np.ones(n)
+        self.strength = np.ones((n, m.nu))
+
+    def apply(self, ids: np.ndarray, rng: np.random.Generator) -> None:
+        cfg, eng, k = self.cfg, self.engine, len(ids)
+        if not cfg.randomizes_model or k == 0:
+            return
+        if cfg.mass_scale is not None or cfg.added_base_mass is not None:
+            scale = uniform(rng, cfg.mass_scale, (k, 1))
+            mass = self.nominal_mass[None, :] * scale
+            added = np.zeros(k)
+            if cfg.added_base_mass is not None and self.base_body is not None:
+                added = rng.uniform(*cfg.added_base_mass, size=k)
+                mass[:, self.base_body] += added
+            self.mass_scale[ids], self.added_mass[ids] = scale[:, 0], added
+            eng.set_model_field("body_mass", mass, ids)
+            # inertia scales with mass so the bodies stay physically consistent
+            inertia = (
+                eng.model.body_inertia[None]
+                * (mass / np.maximum(self.nominal_mass, 1e-12))[..., None]
+            )
+            eng.set_model_field("body_inertia", inertia, ids)
+            eng.set_const(ids)
+        if cfg.friction_scale is not None:
+            f = uniform(rng, cfg.friction_scale, (k, 1))
+            fr = np.repeat(self.nominal_friction[None], k, axis=0)
+            fr[:, :, 0] *= f
+            self.friction[ids] = f[:, 0]
+            eng.set_model_field("geom_friction", fr, ids)
+        if cfg.motor_strength is not None or cfg.kp_scale is not None or cfg.kd_scale is not None:
+            nu = eng.model.nu
+            s = uniform(rng, cfg.motor_strength, (k, nu))
+            self.strength[ids] = s
+            if self.position_actuators:
+                kp = uniform(rng, cfg.kp_scale, (k, nu)) * s
+                kd = uniform(rng, cfg.kd_scale, (k, nu)) * s
+                gain = np.repeat(self.nominal_gain[None], k, axis=0)
+                bias = np.repeat(self.nominal_bias[None], k, axis=0)
+                gain[:, :, 0] *= kp
+                bias[:, :, 1] *= kp
+                bias[:, :, 2] *= kd
+                force = self.nominal_force[None] * s[..., None]
+                eng.set_model_field("actuator_gainprm", gain, ids)
+                eng.set_model_field("actuator_biasprm", bias, ids)
+                eng.set_model_field("actuator_forcerange", force, ids)
+            else:
+                gear = np.repeat(self.nominal_gear[None], k, axis=0)
+                gear[:, :, 0] *= s
+                eng.set_model_field("actuator_gear", gear, ids)
+
+
+class LatencyQueue:
+    """Per-env action delay of 0..k control steps (a ring of the last k+1 actions)."""
+
+    def __init__(self, num_envs: int, action_size: int, max_delay: int):
+        self.buf = np.zeros((max_delay + 1, num_envs, action_size))
+        self.delay = np.zeros(num_envs, dtype=np.int64)
+        self.head = 0
+        self._rows = np.arange(num_envs)
+
+    def reset(self, ids: np.ndarray, delays: np.ndarray, fill: np.ndarray) -> None:
+        self.delay[ids] = delays
+        self.buf[:, ids] = fill
+
+    def push(self, actions: np.ndarray) -> np.ndarray:
+        if self.buf.shape[0] == 1:
+            return actions
+        depth = self.buf.shape[0]
+        self.head = (self.head + 1) % depth
+        self.buf[self.head] = actions
+        return self.buf[(self.head - self.delay) % depth, self._rows]
+
+
+class ObsHistory:
+    """The last H frames of the policy observation, oldest first."""
+
+    def __init__(self, num_envs: int, frame: int, length: int):
+        self.buf = np.zeros((num_envs, length, frame))
+
+    def reset(self, ids: np.ndarray, frames: np.ndarray) -> None:
+        self.buf[ids] = frames[:, None, :]
+
+    def push(self, frames: np.ndarray) -> np.ndarray:
+        if self.buf.shape[1] > 1:
+            self.buf[:, :-1] = self.buf[:, 1:]
+        self.buf[:, -1] = frames
+        return self.buf.reshape(self.buf.shape[0], -1)

@@ -1,0 +1,71 @@
+"""Task names to environment classes, and `make`."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+
+import torch
+
+from sim.randomization import SimToRealConfig
+from sim.vec_env import MujocoVecEnv
+
+_TASKS: dict[str, Callable[[], type[MujocoVecEnv]]] = {}
+
+
+def register(name: str, loader: Callable[[], type[MujocoVecEnv]]) -> None:
+    """Register a task class lazily (so importing `sim` does not build every model)."""
+    _TASKS[name] = loader
+
+
+def task_names() -> list[str]:
+    return sorted(_TASKS)
+
+
+def task_class(name: str) -> type[MujocoVecEnv]:
+    if name not in _TASKS:
+        close = difflib.get_close_matches(str(name), _TASKS, n=3)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown task {name!r}{hint} Known tasks: {', '.join(task_names())}")
+    return _TASKS[name]()
+
+
+def make(
+    task: str,
+    num_envs: int = 1,
+    *,
+    seed: int | None = None,
+    device: str | torch.device = "cpu",
+    s2r: SimToRealConfig | dict | None = None,
+    **kwargs,
+) -> MujocoVecEnv:
+    """Build a batched environment of `task` with `num_envs` copies.
+
+    `s2r` overrides the task's sim-to-real defaults: a `SimToRealConfig` replaces
+    them, a dict updates individual fields.
+    """
+    cls = task_class(task)
+    if isinstance(s2r, dict):
+        base = cls.default_s2r()
+        unknown = set(s2r) - set(base.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"unknown sim-to-real fields {sorted(unknown)}; known: {sorted(base.__dataclass_fields__)}"
+            )
+        s2r = SimToRealConfig(**{**base.__dict__, **s2r})
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    return cls(num_envs=num_envs, seed=seed, device=device, s2r=s2r, **kwargs)
+
+
+def _lazy(module: str, cls: str) -> Callable[[], type[MujocoVecEnv]]:
+    def load() -> type[MujocoVecEnv]:
+        import importlib
+
+        return getattr(importlib.import_module(module), cls)
+
+    return load
+
+
+register("halfcheetah", _lazy("sim.tasks.halfcheetah", "HalfCheetah"))

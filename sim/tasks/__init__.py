@@ -1,0 +1,1 @@
+"""Built-in tasks. Each module holds one task; `sim.registry` names them."""

@@ -1,0 +1,336 @@
+"""The VecEnv contract and its CPU MuJoCo implementation.
+
+Conventions follow Isaac Lab / rsl_rl: observations are named groups of torch
+tensors, episodes reset inside `step`, and the true last observation of an ended
+episode is returned in `info["final_obs"]` so that time-outs bootstrap correctly.
+A task subclasses `MujocoVecEnv` and fills in a few vectorized hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mujoco
+import numpy as np
+import torch
+
+from sim.engine import SimulationFailure, make_engine
+from sim.randomization import LatencyQueue, ModelRandomizer, ObsHistory, SimToRealConfig
+from sim.spec import ActionSpec, ObservationSpec, ObsGroup, ObsTerm, RobotDescription
+
+
+class MujocoVecEnv:
+    """N copies of one MuJoCo task, stepped in native code, batched end to end.
+
+    Subclasses set the class attributes and implement the `_task_*` hooks; every
+    hook works on whole (num_envs, ...) numpy arrays.
+    """
+
+    name: str = ""
+    frame_skip: int = 1
+    max_episode_steps: int = 1000
+    rne_post: bool = False  # needs cfrc_ext as Gymnasium computes it
+    base_body: str | None = None  # body that receives pushes and added mass
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        seed: int | None = None,
+        device: str | torch.device = "cpu",
+        s2r: SimToRealConfig | None = None,
+        num_threads: int = 0,
+        dtype: torch.dtype = torch.float32,
+        nan_action: str = "raise",
+        max_episode_steps: int | None = None,
+    ):
+        if not isinstance(num_envs, int | np.integer) or num_envs < 1:
+            raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
+        if nan_action not in ("raise", "reset"):
+            raise ValueError(f"nan_action must be 'raise' or 'reset', got {nan_action!r}")
+        self.num_envs = int(num_envs)
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.nan_action = nan_action
+        if max_episode_steps is not None:
+            if max_episode_steps < 1:
+                raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+            self.max_episode_steps = int(max_episode_steps)
+        self.s2r = s2r if s2r is not None else self.default_s2r()
+        self.model = self._task_model()
+        self.engine = make_engine(self.model, self.num_envs, num_threads, rne_post=self.rne_post)
+        self.physics_dt = float(self.model.opt.timestep)
+        self.dt = self.physics_dt * self.frame_skip  # control period
+        self._rng = np.random.default_rng(seed)
+        self._base_id = (
+            mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, self.base_body)
+            if self.base_body
+            else None
+        )
+        self.randomizer = ModelRandomizer(
+            self.engine,
+            self.s2r,
+            self._base_id,
+            position_actuators=self.robot.control_mode == "position",
+        )
+        terms = self._task_obs_terms()
+        policy = ObsGroup(
+            tuple(ObsTerm(n, s) for n, s in terms["policy"]), history=self.s2r.obs_history
+        )
+        groups = {"policy": policy}
+        if "critic" in terms:
+            groups["critic"] = ObsGroup(tuple(ObsTerm(n, s) for n, s in terms["critic"]))
+        self.observation_spec = ObservationSpec(groups)
+        low, high = self._task_action_bounds()
+        self.action_spec = ActionSpec(len(low), low, high, self.robot.joint_names)
+        n, a = self.num_envs, self.action_spec.size
+        self._noise_std = self._per_term(self.s2r.obs_noise, "obs_noise")
+        self._bias_std = self._per_term(self.s2r.obs_bias, "obs_bias")
+        self._bias = np.zeros((n, policy.frame_size))
+        self._latency = LatencyQueue(n, a, self.s2r.action_latency[1])
+        self._history = ObsHistory(n, policy.frame_size, policy.history)
+        self.episode_length = np.zeros(n, dtype=np.int64)
+        self.episode_return = np.zeros(n)
+        self.last_action = np.zeros((n, a))
+        self._next_push = np.full(n, np.inf)
+        self._obs: dict[str, torch.Tensor] | None = None
+        self._all = np.arange(n)
+
+    # ------------------------------------------------------------------ task hooks
+    @classmethod
+    def default_s2r(cls) -> SimToRealConfig:
+        return SimToRealConfig()
+
+    def _task_model(self) -> mujoco.MjModel:
+        raise NotImplementedError
+
+    @property
+    def robot(self) -> RobotDescription:
+        raise NotImplementedError
+
+    def _task_obs_terms(self) -> dict[str, list[tuple[str, int]]]:
+        raise NotImplementedError
+
+    def _task_action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.model.actuator_ctrlrange[:, 0].copy(), self.model.actuator_ctrlrange[
+            :, 1
+        ].copy()
+
+    def _task_ctrl(self, actions: np.ndarray) -> np.ndarray:
+        """Map policy actions to MuJoCo controls."""
+        return actions
+
+    def _task_pre_step(self) -> Any:
+        """Read what the reward needs from before the physics step."""
+        return None
+
+    def _task_obs(self) -> dict[str, np.ndarray]:
+        """Every observation term, by name, as (num_envs, size) arrays."""
+        raise NotImplementedError
+
+    def _task_reward(self, pre: Any, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+        """(reward, terminated, per-term extras) for the step just taken."""
+        raise NotImplementedError
+
+    def _task_reset(self, ids: np.ndarray, rng: np.random.Generator) -> None:
+        """Write the initial state of envs `ids` into the engine (after mj_resetData)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+    def _per_term(self, stds: dict[str, float], what: str) -> np.ndarray:
+        group = self.observation_spec.policy
+        slices = group.slices()
+        unknown = set(stds) - set(slices)
+        if unknown:
+            raise ValueError(
+                f"{what} names unknown observation terms {sorted(unknown)}; terms: {list(slices)}"
+            )
+        out = np.zeros(group.frame_size)
+        for k, v in stds.items():
+            out[slices[k]] = v
+        return out
+
+    def _assemble(self, terms: dict[str, np.ndarray], group: str) -> np.ndarray:
+        spec = self.observation_spec[group]
+        return np.concatenate(
+            [terms[t.name].reshape(self.num_envs, t.size) for t in spec.terms], axis=1
+        )
+
+    def _to_torch(self, x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        return t.to(device=self.device, dtype=dtype or self.dtype)
+
+    def _observe(self, reset_ids: np.ndarray | None) -> dict[str, torch.Tensor]:
+        terms = self._task_obs()
+        frame = self._assemble(terms, "policy")
+        if self._noise_std.any():
+            frame = frame + self._rng.standard_normal(frame.shape) * self._noise_std
+        if self._bias_std.any():
+            frame = frame + self._bias
+        if reset_ids is not None and len(reset_ids):
+            self._history.reset(reset_ids, frame[reset_ids])
+        obs = {"policy": self._history.push(frame)}
+        if "critic" in self.observation_spec.groups:
+            obs["critic"] = self._assemble(terms, "critic")
+        return {k: self._to_torch(v) for k, v in obs.items()}
+
+    def _reset_envs(self, ids: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        eng = self.engine
+        eng.reset(ids)
+        self.randomizer.apply(ids, self._rng)
+        self._task_reset(ids, self._rng)
+        eng.forward(ids)
+        lo, hi = self.s2r.action_latency
+        self._latency.reset(ids, self._rng.integers(lo, hi + 1, size=len(ids)), 0.0)
+        if self._bias_std.any():
+            self._bias[ids] = (
+                self._rng.standard_normal((len(ids), self._bias.shape[1])) * self._bias_std
+            )
+        if self.s2r.push_interval_s:
+            self._next_push[ids] = self._rng.exponential(self.s2r.push_interval_s, size=len(ids))
+        self.episode_length[ids] = 0
+        self.episode_return[ids] = 0.0
+        self.last_action[ids] = 0.0
+
+    def _validate_actions(self, actions: Any) -> np.ndarray:
+        if isinstance(actions, torch.Tensor):
+            if not actions.is_floating_point():
+                raise TypeError(
+                    f"actions must be a floating-point tensor, got dtype {actions.dtype}"
+                )
+            actions = actions.detach().to("cpu", torch.float64).numpy()
+        else:
+            actions = np.asarray(actions)
+            if actions.dtype.kind != "f":
+                raise TypeError(f"actions must be floating point, got dtype {actions.dtype}")
+            actions = actions.astype(np.float64, copy=False)
+        want = (self.num_envs, self.action_spec.size)
+        if actions.shape != want:
+            raise ValueError(
+                f"actions must have shape {want} (num_envs, action size), got {tuple(actions.shape)}"
+            )
+        return actions
+
+    def _apply_pushes(self) -> None:
+        if not self.s2r.push_interval_s or self._base_id is None:
+            return
+        t = self.episode_length * self.dt
+        due = np.nonzero(t >= self._next_push)[0]
+        if len(due) == 0:
+            return
+        # a push is a sudden change of the base's planar velocity (a free joint's
+        # first two velocity coordinates, as in legged_gym)
+        qvel = self.engine.get("qvel")[due].copy()
+        qvel[:, :2] += self._rng.uniform(
+            -self.s2r.push_velocity, self.s2r.push_velocity, size=(len(due), 2)
+        )
+        self.engine.set("qvel", qvel, due)
+        self._next_push[due] = t[due] + self._rng.exponential(
+            self.s2r.push_interval_s, size=len(due)
+        )
+
+    # ------------------------------------------------------------------ contract
+    def reset(self, seed: int | None = None) -> dict[str, torch.Tensor]:
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._reset_envs(self._all)
+        self._obs = self._observe(self._all)
+        return self._obs
+
+    def step(self, actions: Any):
+        if self._obs is None:
+            raise RuntimeError("call reset() before step()")
+        actions = self._validate_actions(actions)
+        bad = ~np.isfinite(actions).all(axis=1)
+        if bad.any():
+            if self.nan_action == "raise":
+                raise ValueError(
+                    f"non-finite actions (NaN or inf) for envs {np.nonzero(bad)[0][:16].tolist()}; "
+                    "nothing was stepped"
+                )
+            actions = actions.copy()
+            actions[bad] = 0.0
+        applied = self._latency.push(actions)
+        self._apply_pushes()
+        pre = self._task_pre_step()
+        failed = np.zeros(self.num_envs, dtype=bool)
+        try:
+            self.engine.step(self._task_ctrl(applied), self.frame_skip)
+        except SimulationFailure as e:
+            failed[e.ids] = True
+        reward, terminated, extras = self._task_reward(pre, applied)
+        self.episode_length += 1
+        self.last_action = actions.copy()
+        # a diverged simulation ends its episode instead of poisoning the batch
+        unstable = failed | ~np.isfinite(self.engine.get("qpos")).all(axis=1) | ~np.isfinite(reward)
+        unstable |= bad
+        reward = np.where(unstable, 0.0, reward)
+        terminated = terminated | unstable
+        truncated = (self.episode_length >= self.max_episode_steps) & ~terminated
+        self.episode_return += reward
+        done = terminated | truncated
+        info: dict[str, Any] = {k: self._to_torch(v) for k, v in extras.items()}
+        info["unstable"] = self._to_torch(unstable, torch.bool)
+        done_ids = np.nonzero(done)[0]
+        obs = self._observe(None)
+        if len(done_ids):
+            info["final_obs"] = {k: v.clone() for k, v in obs.items()}
+            info["episode"] = {
+                "done": self._to_torch(done, torch.bool),
+                "return": self._to_torch(self.episode_return.copy()),
+                "length": self._to_torch(self.episode_length.copy(), torch.int64),
+            }
+            self._reset_envs(done_ids)
+            fresh = self._observe(done_ids)
+            mask = self._to_torch(done, torch.bool)[:, None]
+            obs = {k: torch.where(mask, fresh[k], v) for k, v in obs.items()}
+        else:
+            info["final_obs"] = obs
+        self._obs = obs
+        return (
+            obs,
+            self._to_torch(reward),
+            self._to_torch(terminated, torch.bool),
+            self._to_torch(truncated, torch.bool),
+            info,
+        )
+
+    # ------------------------------------------------------------------ extras
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Physics state of every env (qpos, qvel), e.g. to start Gymnasium from it."""
+        return {"qpos": self.engine.get("qpos").copy(), "qvel": self.engine.get("qvel").copy()}
+
+    def set_state(self, qpos: np.ndarray, qvel: np.ndarray, ids: np.ndarray | None = None) -> None:
+        ids = self._all if ids is None else np.asarray(ids)
+        self.engine.set("qpos", qpos, ids)
+        self.engine.set("qvel", qvel, ids)
+        self.engine.forward(ids)
+        self._obs = self._observe(ids)
+
+    def render(
+        self, env_id: int = 0, width: int = 480, height: int = 360, camera: str | int = -1
+    ) -> np.ndarray:
+        """An RGB frame of one env (offscreen; set MUJOCO_GL=egl on a headless machine)."""
+        if not hasattr(self, "_renderer"):
+            self._renderer = mujoco.Renderer(self.model, height=height, width=width)
+        data = self.engine.get_data(env_id)
+        self._renderer.update_scene(data, camera=camera)
+        return self._renderer.render()
+
+    def close(self) -> None:
+        if hasattr(self, "_renderer"):
+            self._renderer.close()
+
+    @property
+    def control_rate_hz(self) -> float:
+        return 1.0 / self.dt
+
+    @property
+    def physics_rate_hz(self) -> float:
+        return 1.0 / self.physics_dt
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(task={self.name!r}, num_envs={self.num_envs}, dt={self.dt:g})"
+        )
