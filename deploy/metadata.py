@@ -1,0 +1,405 @@
+"""The metadata contract of a deployed ONNX policy.
+
+An exported policy is a single ONNX file; everything the robot side needs to run it
+(observation layout, joint order, action scale and offset, PD gains, limits, control
+period, history length, recurrent state and noise inputs) travels inside that file as
+``metadata_props``, so that nothing has to be guessed or copied by hand on the robot.
+
+Each field of :class:`PolicyMetadata` is stored under its own key ``"sim2real.<field>"``
+with a JSON-encoded value. Keeping one key per field (instead of one JSON blob) lets
+tools such as Netron show the fields individually and lets a reader name exactly which
+key is missing or wrong.
+
+Graph contract that goes with the metadata (checked by :mod:`deploy.runtime`):
+
+- input ``obs``: float32 ``[batch, obs_size]``. It is the observation history, oldest
+  frame first, frames concatenated; a frame is the observation terms of ``obs_terms``
+  concatenated in order. ``obs_history_length == 1`` means just the current frame.
+- input ``noise`` (only if ``noise_shape`` is not None): float32 ``[batch, *noise_shape]``,
+  standard-normal noise for generative policies (diffusion, flow).
+- for each ``(name, shape)`` in ``recurrent_state``: input ``name`` float32
+  ``[batch, *shape]`` (batch first) and output ``"next_" + name`` of the same shape.
+  The initial state is zeros.
+- output ``actions``: float32 ``[batch, num_joints]``, the raw network action; the joint
+  target is ``action_offset + action_scale * actions``.
+
+Reading needs only the standard library and onnxruntime (a robot computer has neither
+torch nor necessarily onnx); :func:`write_metadata` uses the ``onnx`` package, which is
+imported lazily because only the export side calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+FORMAT_VERSION = 1
+"""Version of this metadata format; readers reject any other version."""
+
+KEY_PREFIX = "sim2real."
+"""Prefix of every metadata key written by :func:`to_props`."""
+
+POLICY_FAMILIES = ("gaussian_mlp", "recurrent", "diffusion", "flow", "world_model")
+"""Allowed values of :attr:`PolicyMetadata.policy_family`."""
+
+RESERVED_IO_NAMES = ("obs", "noise", "actions")
+"""Graph input/output names with a fixed meaning; recurrent states may not use them."""
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_PREFIX",
+    "POLICY_FAMILIES",
+    "MetadataError",
+    "PolicyLoadError",
+    "PolicyMetadata",
+    "from_props",
+    "read_metadata",
+    "to_props",
+    "write_metadata",
+]
+
+
+class MetadataError(ValueError):
+    """The metadata of a policy file is missing, malformed, inconsistent or too new."""
+
+
+class PolicyLoadError(RuntimeError):
+    """A policy file exists but cannot be loaded (corrupted, truncated, wrong graph).
+
+    Defined here (and re-exported by :mod:`deploy.runtime`) so that
+    :func:`read_metadata` can raise the same error as the runtime without a circular
+    import.
+    """
+
+
+_PER_JOINT_FIELDS = (
+    "action_scale",
+    "action_offset",
+    "default_joint_pos",
+    "kp",
+    "kd",
+    "joint_pos_lower",
+    "joint_pos_upper",
+)
+
+
+@dataclass(kw_only=True)
+class PolicyMetadata:
+    """Everything the robot side needs to run an exported policy.
+
+    Construction normalizes values (numpy arrays and tuples become plain lists of Python
+    scalars, so the object is JSON-serializable) and validates them, raising
+    :class:`MetadataError` naming the offending field. Per-joint lists follow the order
+    of ``action_joint_names``.
+    """
+
+    policy_family: str
+    obs_terms: list[tuple[str, int]]
+    action_joint_names: list[str]
+    action_scale: list[float]
+    action_offset: list[float]
+    default_joint_pos: list[float]
+    kp: list[float]
+    kd: list[float]
+    joint_pos_lower: list[float]
+    joint_pos_upper: list[float]
+    control_period_s: float
+    obs_history_length: int = 1
+    recurrent_state: list[tuple[str, list[int]]] = field(default_factory=list)
+    noise_shape: list[int] | None = None
+    task: str = ""
+    run_id: str = ""
+    code_version: str = ""
+    config_hash: str = ""
+    opset: int = 17
+    extra: dict[str, str] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        self.validate()
+
+    # ------------------------------------------------------------------ derived sizes
+    @property
+    def obs_frame_size(self) -> int:
+        """Size of one observation frame: the sum of the observation term sizes."""
+        return sum(size for _, size in self.obs_terms)
+
+    @property
+    def obs_size(self) -> int:
+        """Size of the policy input ``obs``: one frame times the history length.
+
+        The input is the history of observation frames, oldest first, concatenated;
+        a history length of 1 means just the current frame.
+        """
+        return self.obs_frame_size * self.obs_history_length
+
+    @property
+    def num_joints(self) -> int:
+        """Number of action joints (the last dimension of the ``actions`` output)."""
+        return len(self.action_joint_names)
+
+    # ------------------------------------------------------------------ normalization
+    def _normalize(self) -> None:
+        """Coerce field values to plain Python types, naming the field on failure."""
+        converters = {
+            "format_version": _as_int,
+            "policy_family": _as_str,
+            "obs_terms": _as_obs_terms,
+            "action_joint_names": lambda v: [_as_str(x) for x in _as_list(v)],
+            "control_period_s": _as_float,
+            "obs_history_length": _as_int,
+            "recurrent_state": _as_recurrent_state,
+            "noise_shape": lambda v: None if v is None else [_as_int(x) for x in _as_list(v)],
+            "task": _as_str,
+            "run_id": _as_str,
+            "code_version": _as_str,
+            "config_hash": _as_str,
+            "opset": _as_int,
+            "extra": _as_str_dict,
+        }
+        for name in _PER_JOINT_FIELDS:
+            converters[name] = lambda v: [_as_float(x) for x in _as_list(v)]
+        for f in fields(self):
+            try:
+                setattr(self, f.name, converters[f.name](getattr(self, f.name)))
+            except (TypeError, ValueError) as exc:
+                raise MetadataError(f"field {_key(f.name)!r}: {exc}") from None
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check internal consistency; raise :class:`MetadataError` naming the field."""
+        if self.format_version != FORMAT_VERSION:
+            raise MetadataError(
+                f"field {_key('format_version')!r}: format version {self.format_version} is "
+                f"not supported; this reader supports version {FORMAT_VERSION}"
+            )
+        if self.policy_family not in POLICY_FAMILIES:
+            _fail("policy_family", f"{self.policy_family!r} is not one of {POLICY_FAMILIES}")
+        if not self.obs_terms:
+            _fail("obs_terms", "must list at least one observation term")
+        names = [name for name, _ in self.obs_terms]
+        if len(set(names)) != len(names):
+            _fail("obs_terms", f"duplicate term names in {names}")
+        for name, size in self.obs_terms:
+            if size <= 0:
+                _fail("obs_terms", f"term {name!r} has non-positive size {size}")
+        if self.obs_history_length < 1:
+            _fail("obs_history_length", f"must be >= 1, got {self.obs_history_length}")
+        n = len(self.action_joint_names)
+        if n == 0:
+            _fail("action_joint_names", "must name at least one joint")
+        if len(set(self.action_joint_names)) != n:
+            _fail("action_joint_names", f"duplicate joint names in {self.action_joint_names}")
+        for name in _PER_JOINT_FIELDS:
+            values = getattr(self, name)
+            if len(values) != n:
+                _fail(name, f"has {len(values)} entries but there are {n} action joints")
+            if not all(math.isfinite(v) for v in values):
+                _fail(name, "contains a non-finite value")
+        for i, (lo, hi) in enumerate(zip(self.joint_pos_lower, self.joint_pos_upper)):
+            if lo > hi:
+                _fail(
+                    "joint_pos_lower",
+                    f"lower limit {lo} > upper limit {hi} for joint {self.action_joint_names[i]!r}",
+                )
+        if not (math.isfinite(self.control_period_s) and self.control_period_s > 0):
+            _fail("control_period_s", f"must be finite and > 0, got {self.control_period_s}")
+        state_names = [name for name, _ in self.recurrent_state]
+        if len(set(state_names)) != len(state_names):
+            _fail("recurrent_state", f"duplicate state names in {state_names}")
+        for name, shape in self.recurrent_state:
+            if not name or name in RESERVED_IO_NAMES or name.startswith("next_"):
+                _fail("recurrent_state", f"invalid state name {name!r}")
+            if not shape or any(d <= 0 for d in shape):
+                _fail("recurrent_state", f"state {name!r} has invalid shape {shape}")
+        if self.noise_shape is not None and (
+            not self.noise_shape or any(d <= 0 for d in self.noise_shape)
+        ):
+            _fail("noise_shape", f"must be None or a list of positive sizes, got {self.noise_shape}")
+        if self.opset <= 0:
+            _fail("opset", f"must be positive, got {self.opset}")
+
+
+# ---------------------------------------------------------------------- serialization
+def to_props(meta: PolicyMetadata) -> dict[str, str]:
+    """Serialize to ONNX ``metadata_props``: one ``"sim2real.<field>"`` key per field.
+
+    Values are JSON text; floats round-trip exactly because JSON uses ``repr``.
+    """
+    meta.validate()
+    props: dict[str, str] = {}
+    for f in fields(meta):
+        value = getattr(meta, f.name)
+        if f.name in ("obs_terms", "recurrent_state"):
+            value = [list(item) for item in value]
+        props[_key(f.name)] = json.dumps(value, allow_nan=False)
+    return props
+
+
+def from_props(props: Mapping[str, str]) -> PolicyMetadata:
+    """Parse and validate metadata from ONNX ``metadata_props``.
+
+    Keys without the ``"sim2real."`` prefix (e.g. a producer's own) are ignored, as are
+    unknown ``sim2real.*`` keys. Raises :class:`MetadataError` naming every missing key,
+    a format version other than :data:`FORMAT_VERSION`, undecodable JSON, or an
+    inconsistent field.
+    """
+    version_key = _key("format_version")
+    if version_key in props:
+        version = _decode(version_key, props[version_key])
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise MetadataError(f"field {version_key!r}: must be an integer, got {version!r}")
+        if version != FORMAT_VERSION:
+            newer = "a newer" if version > FORMAT_VERSION else "an unknown"
+            raise MetadataError(
+                f"policy metadata has {newer} format version {version}; this reader supports "
+                f"format version {FORMAT_VERSION} only (update sim2real on the robot or "
+                "re-export the policy)"
+            )
+    names = [f.name for f in fields(PolicyMetadata)]
+    missing = [_key(name) for name in names if _key(name) not in props]
+    if missing:
+        raise MetadataError(f"policy metadata is missing key(s): {', '.join(missing)}")
+    values = {name: _decode(_key(name), props[_key(name)]) for name in names}
+    return PolicyMetadata(**values)
+
+
+def write_metadata(model: Any, meta: PolicyMetadata) -> Any:
+    """Store ``meta`` in an ONNX model (export side; requires the ``onnx`` package).
+
+    ``model`` is a path (the file is rewritten atomically, so a crash never leaves a
+    half-written policy) or an ``onnx.ModelProto`` (modified in place and returned).
+    Existing ``sim2real.*`` keys are replaced; other keys are kept. Raises
+    :class:`MetadataError` if ``meta.opset`` disagrees with the model's default-domain
+    opset, so that the recorded opset is never a guess.
+    """
+    import onnx
+
+    props = to_props(meta)
+    if isinstance(model, onnx.ModelProto):
+        _set_props(model, props, meta.opset)
+        return model
+    path = os.fspath(model)
+    proto = onnx.load(path, load_external_data=False)
+    _set_props(proto, props, meta.opset)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".onnx", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(proto.SerializeToString())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def read_metadata(path: str | os.PathLike[str]) -> PolicyMetadata:
+    """Read and validate the metadata of a policy file using onnxruntime only.
+
+    Raises FileNotFoundError if the file does not exist, :class:`PolicyLoadError` if
+    onnxruntime cannot load it, and :class:`MetadataError` if the metadata is invalid.
+    """
+    import onnxruntime as ort
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(2, "policy file not found", path)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise PolicyLoadError(f"cannot load policy file {path!r}: {exc}") from exc
+    return from_props(session.get_modelmeta().custom_metadata_map)
+
+
+# ---------------------------------------------------------------------- helpers
+def _key(name: str) -> str:
+    return KEY_PREFIX + name
+
+
+def _fail(name: str, message: str) -> None:
+    raise MetadataError(f"field {_key(name)!r}: {message}")
+
+
+def _decode(key: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise MetadataError(f"field {key!r}: value is not valid JSON ({exc})") from None
+
+
+def _set_props(model: Any, props: dict[str, str], opset: int) -> None:
+    model_opset = next(
+        (op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None
+    )
+    if model_opset is not None and model_opset != opset:
+        raise MetadataError(
+            f"field {_key('opset')!r}: metadata says opset {opset} but the model imports "
+            f"opset {model_opset}"
+        )
+    kept = [(p.key, p.value) for p in model.metadata_props if not p.key.startswith(KEY_PREFIX)]
+    del model.metadata_props[:]
+    for key, value in kept + sorted(props.items()):
+        entry = model.metadata_props.add()
+        entry.key = key
+        entry.value = value
+
+
+def _as_list(value: Any) -> list[Any]:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    return list(value)
+
+
+def _as_int(value: Any) -> int:
+    # Accept numpy integers but not bools or floats: a size of 2.5 or True is a bug.
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value.__index__())
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, (bool, str, bytes)):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _as_pair(value: Any) -> list[Any]:
+    pair = _as_list(value)
+    if len(pair) != 2:
+        raise ValueError(f"expected a [name, value] pair, got {value!r}")
+    return pair
+
+
+def _as_obs_terms(value: Any) -> list[tuple[str, int]]:
+    return [(_as_str(name), _as_int(size)) for name, size in map(_as_pair, _as_list(value))]
+
+
+def _as_recurrent_state(value: Any) -> list[tuple[str, list[int]]]:
+    return [
+        (_as_str(name), [_as_int(d) for d in _as_list(shape)])
+        for name, shape in map(_as_pair, _as_list(value))
+    ]
+
+
+def _as_str_dict(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a mapping of strings, got {type(value).__name__}")
+    return {_as_str(k): _as_str(v) for k, v in value.items()}

@@ -1,0 +1,323 @@
+"""The safety layer between the policy runtime and the actuators (pure numpy).
+
+Whatever the policy, the observation pipeline or the clock does, the joint position
+target that leaves :meth:`SafetyLayer.filter` is finite and within the joint limits.
+On top of that guarantee it applies, in this order:
+
+1. not active -> the safe posture;
+2. no fresh observation for ``watchdog_timeout_s`` -> the safe posture ("watchdog");
+3. non-finite observation or target -> hold the last output, or the safe posture if
+   ``hold_last_on_fault`` is False or nothing was output yet ("nonfinite_obs",
+   "nonfinite_action");
+4. ramp-in: for ``ramp_in_s`` after activation (and after recovering from a watchdog
+   trip) the target is blended linearly from the posture at that moment to the
+   policy's target, so that the robot does not jump when the policy takes over;
+5. per-step change limit relative to the previous output ("rate_limited");
+6. clamp to the joint limits ("clamped").
+
+The policy target is clipped to the joint limits before the ramp and rate limit; since
+the previous output is always within the limits, this gives the same result as clamping
+last, but keeps the arithmetic finite (no ``1e308 - (-1e308) = inf``) and makes the
+ramp blend toward a reachable target. Every intervention is counted in
+:attr:`SafetyLayer.counters` (once per call, however many joints it touched).
+
+Times are seconds on one monotonic clock chosen by the caller (e.g. ROS time); a NaN
+time counts as stale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_MAX_TARGET_SPEED",
+    "DEFAULT_RAMP_IN_S",
+    "DEFAULT_WATCHDOG_PERIODS",
+    "SafetyConfig",
+    "SafetyLayer",
+]
+
+DEFAULT_MAX_TARGET_SPEED = 20.0
+"""Default bound on how fast the target may move, in target units (rad) per second.
+
+Generous on purpose: locomotion policies move their position targets by several tenths
+of a radian per 20 ms step, and a tighter default would change the policy's behavior
+(a sim-to-real gap of our own making). Tighten it per robot.
+"""
+
+DEFAULT_WATCHDOG_PERIODS = 5.0
+"""Default watchdog timeout in control periods: a few dropped messages are tolerated."""
+
+DEFAULT_RAMP_IN_S = 1.0
+"""Default duration of the ramp-in after activation, seconds."""
+
+COUNTER_NAMES = (
+    "steps",
+    "inactive",
+    "watchdog",
+    "nonfinite_obs",
+    "nonfinite_action",
+    "rate_limited",
+    "clamped",
+)
+
+
+def _vector(name: str, value: Any, size: int | None = None) -> np.ndarray:
+    arr = np.array(value, dtype=np.float64).reshape(-1)
+    if size is not None and arr.size != size:
+        raise ValueError(f"{name} must have {size} entries, got {arr.size}")
+    return arr
+
+
+@dataclass
+class SafetyConfig:
+    """Limits and timings of the safety layer; per-joint arrays follow the action order.
+
+    Args:
+        joint_pos_lower, joint_pos_upper: finite joint limits; every output is inside.
+        max_delta_per_step: largest change of the target per control step, in target
+            units (a scalar or one value per joint; ``inf`` disables the limit).
+        watchdog_timeout_s: an observation older than this sends the safe posture
+            (``inf`` disables the watchdog).
+        ramp_in_s: duration of the blend from the current posture to the policy's
+            targets after activation (0 disables it).
+        safe_posture: where to go when inactive or stale; clamped to the limits.
+        hold_last_on_fault: on a non-finite observation or target, hold the last output
+            (True) or go to the safe posture (False).
+    """
+
+    joint_pos_lower: np.ndarray
+    joint_pos_upper: np.ndarray
+    max_delta_per_step: float | np.ndarray
+    watchdog_timeout_s: float
+    ramp_in_s: float
+    safe_posture: np.ndarray
+    hold_last_on_fault: bool = True
+    num_joints: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.joint_pos_lower = _vector("joint_pos_lower", self.joint_pos_lower)
+        n = self.joint_pos_lower.size
+        if n == 0:
+            raise ValueError("joint_pos_lower must have at least one entry")
+        self.num_joints = n
+        self.joint_pos_upper = _vector("joint_pos_upper", self.joint_pos_upper, n)
+        if not (np.isfinite(self.joint_pos_lower).all() and np.isfinite(self.joint_pos_upper).all()):
+            raise ValueError("joint limits must be finite (the output must be finite)")
+        if (self.joint_pos_lower > self.joint_pos_upper).any():
+            raise ValueError("joint_pos_lower must be <= joint_pos_upper for every joint")
+        delta = np.broadcast_to(np.asarray(self.max_delta_per_step, dtype=np.float64), (n,))
+        if np.isnan(delta).any() or (delta <= 0).any():
+            raise ValueError("max_delta_per_step must be > 0 (inf disables the limit)")
+        self.max_delta_per_step = delta.copy()
+        if math.isnan(self.watchdog_timeout_s) or self.watchdog_timeout_s <= 0:
+            raise ValueError("watchdog_timeout_s must be > 0 (inf disables the watchdog)")
+        if not (math.isfinite(self.ramp_in_s) and self.ramp_in_s >= 0):
+            raise ValueError("ramp_in_s must be finite and >= 0")
+        posture = _vector("safe_posture", self.safe_posture, n)
+        if not np.isfinite(posture).all():
+            raise ValueError("safe_posture must be finite")
+        self.safe_posture = np.clip(posture, self.joint_pos_lower, self.joint_pos_upper)
+
+    @classmethod
+    def from_metadata(cls, meta: Any, **overrides: Any) -> SafetyConfig:
+        """Config from a policy's metadata (:class:`deploy.metadata.PolicyMetadata`).
+
+        Defaults: limits from the metadata, safe posture = default joint positions,
+        ``max_delta_per_step = DEFAULT_MAX_TARGET_SPEED * control_period_s``,
+        watchdog = ``DEFAULT_WATCHDOG_PERIODS`` control periods, ramp-in
+        ``DEFAULT_RAMP_IN_S``. Any field can be overridden by keyword.
+        """
+        values: dict[str, Any] = {
+            "joint_pos_lower": meta.joint_pos_lower,
+            "joint_pos_upper": meta.joint_pos_upper,
+            "max_delta_per_step": DEFAULT_MAX_TARGET_SPEED * meta.control_period_s,
+            "watchdog_timeout_s": DEFAULT_WATCHDOG_PERIODS * meta.control_period_s,
+            "ramp_in_s": DEFAULT_RAMP_IN_S,
+            "safe_posture": meta.default_joint_pos,
+            "hold_last_on_fault": True,
+        }
+        unknown = set(overrides) - set(values)
+        if unknown:
+            raise TypeError(f"unknown SafetyConfig field(s): {sorted(unknown)}")
+        values.update(overrides)
+        return cls(**values)
+
+
+class SafetyLayer:
+    """Turns policy joint targets into targets that are safe to send.
+
+    Typical use on the robot, once per control step::
+
+        safety.observe(now)                       # when a fresh observation arrived
+        raw = policy.act(frame)
+        cmd = safety.filter(frame, policy.to_joint_targets(raw), now)
+
+    Starts inactive (outputs the safe posture) until :meth:`activate`.
+    """
+
+    def __init__(self, config: SafetyConfig) -> None:
+        self.config = config
+        n = config.num_joints
+        self._lower = config.joint_pos_lower
+        self._upper = config.joint_pos_upper
+        self._delta = config.max_delta_per_step
+        self._posture = config.safe_posture
+        self._out = np.empty(n)  # the last output (valid once _has_output)
+        self._target = np.empty(n)
+        self._step = np.empty(n)
+        self._ramp_start = np.empty(n)
+        self._mask = np.empty(n, dtype=bool)
+        self._has_output = False
+        self._active = False
+        self._ramp_t0 = 0.0
+        self._last_obs_t: float | None = None
+        self._stale = True
+        self._counters = dict.fromkeys(COUNTER_NAMES, 0)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def active(self) -> bool:
+        """Whether the policy's targets are being passed through (filtered)."""
+        return self._active
+
+    @property
+    def last_output(self) -> np.ndarray | None:
+        """Copy of the last output, or None before the first :meth:`filter`."""
+        return self._out.copy() if self._has_output else None
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Event counts since construction or :meth:`reset_counters` (a copy).
+
+        ``steps`` counts calls of :meth:`filter`; the others count calls in which the
+        named rule intervened.
+        """
+        return dict(self._counters)
+
+    def reset_counters(self) -> None:
+        """Zero all event counts."""
+        for key in self._counters:
+            self._counters[key] = 0
+
+    def activate(self, now_s: float, current_pos: np.ndarray | None = None) -> None:
+        """Start passing policy targets, ramping in from the present posture.
+
+        The ramp starts from ``current_pos`` (e.g. measured joint positions) if given
+        and finite, else from the last output, else from the safe posture. Calling it
+        while already active does nothing, so a repeated "start" command cannot restart
+        the ramp mid-motion.
+        """
+        if self._active:
+            return
+        if not math.isfinite(now_s):
+            raise ValueError(f"activation time must be finite, got {now_s}")
+        if current_pos is not None:
+            pos = np.asarray(current_pos, dtype=np.float64).reshape(-1)
+            if pos.shape != self._out.shape:
+                raise ValueError(f"current_pos must have {self._out.size} entries, got {pos.size}")
+            if np.isfinite(pos).all():
+                np.clip(pos, self._lower, self._upper, out=self._out)
+                self._has_output = True
+        if not self._has_output:
+            self._out[:] = self._posture
+            self._has_output = True
+        self._active = True
+        self._stale = False  # the watchdog decides at the next filter()
+        self._start_ramp(now_s)
+
+    def deactivate(self) -> None:
+        """Stop passing policy targets: the output is the safe posture from now on."""
+        self._active = False
+
+    def observe(self, now_s: float) -> None:
+        """Record that a fresh observation arrived at ``now_s`` (feeds the watchdog)."""
+        self._last_obs_t = float(now_s)
+
+    # ------------------------------------------------------------------ filter
+    def filter(self, obs: np.ndarray | None, target: np.ndarray, now_s: float) -> np.ndarray:
+        """Return the joint position target to send at time ``now_s``.
+
+        Args:
+            obs: the observation the target was computed from, checked for non-finite
+                values; None skips that check.
+            target: the policy's joint position targets (``[num_joints]``).
+            now_s: current time, seconds.
+
+        Returns:
+            A new array, finite and within ``[joint_pos_lower, joint_pos_upper]``.
+        """
+        target = np.asarray(target, dtype=np.float64)
+        if target.shape != self._out.shape:
+            raise ValueError(
+                f"target must have shape {self._out.shape}, got shape {target.shape}"
+            )
+        c = self._counters
+        c["steps"] += 1
+        out = self._out
+
+        if not self._active:
+            c["inactive"] += 1
+            return self._emit_posture()
+
+        age = now_s - self._last_obs_t if self._last_obs_t is not None else math.nan
+        if not age <= self.config.watchdog_timeout_s:  # NaN (no obs, NaN clock) is stale
+            c["watchdog"] += 1
+            self._stale = True
+            return self._emit_posture()
+        if self._stale:
+            # Recovering from a watchdog trip: ramp in again from the safe posture.
+            self._stale = False
+            self._start_ramp(now_s)
+
+        obs_bad = obs is not None and not np.isfinite(obs).all()
+        target_bad = not np.isfinite(target).all()
+        if obs_bad or target_bad:
+            c["nonfinite_obs"] += int(obs_bad)
+            c["nonfinite_action"] += int(target_bad)
+            if not self.config.hold_last_on_fault:
+                return self._emit_posture()
+            return out.copy()  # the last output: within limits and rate-limited already
+
+        # Clamp the target first (see the module docstring); count it as "clamped".
+        goal = self._target
+        np.clip(target, self._lower, self._upper, out=goal)
+        if np.not_equal(goal, target, out=self._mask).any():
+            c["clamped"] += 1
+
+        ramp = self.config.ramp_in_s
+        if ramp > 0:
+            alpha = (now_s - self._ramp_t0) / ramp
+            if not alpha >= 0.0:  # clock went backwards, or NaN
+                alpha = 0.0
+            if alpha < 1.0:
+                # Convex blend without a difference, so it cannot produce inf - inf.
+                np.multiply(goal, alpha, out=goal)
+                goal += (1.0 - alpha) * self._ramp_start
+
+        # Per-step change limit relative to the previous output.
+        step = self._step
+        np.subtract(goal, out, out=step)
+        if (np.abs(step) > self._delta).any():
+            c["rate_limited"] += 1
+            np.clip(step, -self._delta, self._delta, out=step)
+            np.add(out, step, out=goal)
+
+        np.clip(goal, self._lower, self._upper, out=out)  # guards rounding at the limits
+        if not np.isfinite(out).all():  # unreachable by construction; never send it
+            return self._emit_posture()
+        return out.copy()
+
+    # ------------------------------------------------------------------ helpers
+    def _emit_posture(self) -> np.ndarray:
+        self._out[:] = self._posture
+        self._has_output = True
+        return self._out.copy()
+
+    def _start_ramp(self, now_s: float) -> None:
+        self._ramp_t0 = float(now_s)
+        self._ramp_start[:] = self._out if self._has_output else self._posture

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv at the repository root and install sim2real with its extras.
+# torch is pinned first: the CPU build on this machine's disk; a bare `torch`
+# requirement would otherwise pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${SIM2REAL_EXTRAS:-dev,sb3}"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+echo "setup: .venv ready with extras [${EXTRAS}]"

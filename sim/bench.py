@@ -1,0 +1,188 @@
+"""Simulator throughput against its peers and against the hardware limit.
+
+Peers, measured in the same run on the same task: Gymnasium's SyncVectorEnv and
+AsyncVectorEnv, and the hardware limit: MuJoCo's own single-thread stepping rate
+for the task's model (`mujoco.rollout` on the calling thread, no Python per physics
+step) times the number of cores, divided by the physics steps per env step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import mujoco
+import numpy as np
+import torch
+from mujoco import rollout
+
+from sim.engine import default_threads
+from sim.registry import make
+
+
+@dataclass
+class Row:
+    task: str
+    num_envs: int
+    ours: float
+    gym_sync: float | None
+    gym_async: float | None
+    hw_limit: float
+
+    @property
+    def frac_of_limit(self) -> float:
+        return self.ours / self.hw_limit
+
+
+def _random_actions(env, steps: int, rng: np.random.Generator) -> list[torch.Tensor]:
+    lo, hi = env.action_spec.low, env.action_spec.high
+    return [
+        torch.from_numpy(rng.uniform(lo, hi, size=(env.num_envs, env.action_spec.size)).astype(np.float32))
+        for _ in range(steps)
+    ]
+
+
+def ours_rate(task: str, num_envs: int, seconds: float, seed: int = 0) -> float:
+    env = make(task, num_envs, seed=seed)
+    env.reset()
+    rng = np.random.default_rng(seed)
+    acts = _random_actions(env, 8, rng)
+    for a in acts[:3]:  # warm-up: numba compile, caches
+        env.step(a)
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        env.step(acts[steps % len(acts)])
+        steps += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds and steps >= 5:
+            break
+    env.close()
+    return steps * num_envs / dt
+
+
+def hardware_limit(task: str, seconds: float, seed: int = 0) -> tuple[float, float]:
+    """(single-thread physics steps/s, env steps/s limit for all cores)."""
+    env = make(task, 1, seed=seed)
+    env.reset()
+    m = env.model
+    d = mujoco.MjData(m)
+    spec = mujoco.mjtState.mjSTATE_FULLPHYSICS
+    state = np.empty((1, mujoco.mj_stateSize(m, spec)))
+    mujoco.mj_getState(m, env.engine.get_data(0), state[0], spec)
+    rng = np.random.default_rng(seed)
+    lo, hi = env.action_spec.low, env.action_spec.high
+    nenv_steps = 200
+    acts = rng.uniform(lo, hi, size=(nenv_steps, env.action_spec.size))
+    # the same controls the env would apply, held for frame_skip physics steps
+    ctrl = np.repeat(np.stack([env._task_ctrl(a[None])[0] for a in acts]), env.frame_skip, axis=0)[None]
+    nstep = ctrl.shape[1]
+    rollout.rollout(m, d, state, ctrl[:, :10])
+    total, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        rollout.rollout(m, d, state, ctrl)
+        total += nstep
+    single = total / (time.perf_counter() - t0)
+    return single, single * default_threads() / env.frame_skip
+
+
+def _gym_vector(task: str, num_envs: int, kind: str):
+    import gymnasium
+
+    from sim.adapters import GymnasiumEnv
+
+    fns = [lambda i=i: GymnasiumEnv(task, seed=i) for i in range(num_envs)]
+    if kind == "sync":
+        return gymnasium.vector.SyncVectorEnv(fns)
+    return gymnasium.vector.AsyncVectorEnv(fns, context="fork")
+
+
+def gym_rate(task: str, num_envs: int, kind: str, seconds: float, seed: int = 0) -> float:
+    venv = _gym_vector(task, num_envs, kind)
+    venv.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    sp = venv.action_space
+    acts = [rng.uniform(sp.low, sp.high).astype(np.float32) for _ in range(8)]
+    for a in acts[:3]:
+        venv.step(a)
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        venv.step(acts[steps % len(acts)])
+        steps += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds and steps >= 3:
+            break
+    venv.close()
+    return steps * num_envs / dt
+
+
+def run(
+    tasks: list[str],
+    envs: list[int],
+    seconds: float = 2.0,
+    async_max_envs: int = 64,
+    sync_max_envs: int = 1024,
+    progress=print,
+) -> list[Row]:
+    rows = []
+    for task in tasks:
+        single, limit = hardware_limit(task, seconds)
+        progress(f"{task}: MuJoCo single-thread {single:,.0f} physics steps/s -> limit {limit:,.0f} env steps/s")
+        for n in envs:
+            ours = ours_rate(task, n, seconds)
+            sync = gym_rate(task, n, "sync", seconds) if n <= sync_max_envs else None
+            asyn = gym_rate(task, n, "async", seconds) if n <= async_max_envs else None
+            row = Row(task, n, ours, sync, asyn, limit)
+            rows.append(row)
+            progress(format_row(row))
+    return rows
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+HEADER = f"{'task':<12}{'envs':>6}{'ours':>12}{'gym sync':>12}{'gym async':>12}{'hw limit':>12}{'% limit':>9}{'x best gym':>11}"
+
+
+def format_row(r: Row, best_gym: float | None = None) -> str:
+    peers = [x for x in (r.gym_sync, r.gym_async) if x is not None]
+    best = best_gym if best_gym is not None else (max(peers) if peers else None)
+    ratio = "-" if not best else f"{r.ours / best:.1f}x"
+    return (
+        f"{r.task:<12}{r.num_envs:>6}{_fmt(r.ours):>12}{_fmt(r.gym_sync):>12}{_fmt(r.gym_async):>12}"
+        f"{_fmt(r.hw_limit):>12}{100 * r.frac_of_limit:>8.0f}%{ratio:>11}"
+    )
+
+
+def best_gym_rate(rows: list[Row], task: str) -> float:
+    """The fastest Gymnasium figure for the task at any env count (its ceiling here)."""
+    vals = [x for r in rows if r.task == task for x in (r.gym_sync, r.gym_async) if x is not None]
+    return max(vals) if vals else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="sim2real bench sim", description=__doc__)
+    p.add_argument("--tasks", nargs="+", default=["halfcheetah", "quadruped"])
+    p.add_argument("--envs", nargs="+", type=int, default=[1, 16, 64, 256, 1024])
+    p.add_argument("--seconds", type=float, default=2.0, help="timing window per measurement")
+    p.add_argument("--async-max-envs", type=int, default=64, help="AsyncVectorEnv runs one process per env")
+    p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    a = p.parse_args(argv)
+    print(f"machine: {os.cpu_count()} CPUs visible, {default_threads()} usable; mujoco {mujoco.__version__}")
+    print(HEADER)
+    rows = run(a.tasks, a.envs, a.seconds, a.async_max_envs, progress=lambda s: print(s, flush=True))
+    print("\nsummary\n" + HEADER)
+    for task in a.tasks:
+        best = best_gym_rate(rows, task)
+        for r in rows:
+            if r.task == task:
+                print(format_row(r, best))
+    print("x best gym: ours divided by the fastest Gymnasium vector env of the task at any env count")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([asdict(r) | {"frac_of_limit": r.frac_of_limit} for r in rows], f, indent=1)
+    return 0
