@@ -39,7 +39,9 @@ class Row:
 def _random_actions(env, steps: int, rng: np.random.Generator) -> list[torch.Tensor]:
     lo, hi = env.action_spec.low, env.action_spec.high
     return [
-        torch.from_numpy(rng.uniform(lo, hi, size=(env.num_envs, env.action_spec.size)).astype(np.float32))
+        torch.from_numpy(
+            rng.uniform(lo, hi, size=(env.num_envs, env.action_spec.size)).astype(np.float32)
+        )
         for _ in range(steps)
     ]
 
@@ -76,7 +78,9 @@ def hardware_limit(task: str, seconds: float, seed: int = 0) -> tuple[float, flo
     nenv_steps = 200
     acts = rng.uniform(lo, hi, size=(nenv_steps, env.action_spec.size))
     # the same controls the env would apply, held for frame_skip physics steps
-    ctrl = np.repeat(np.stack([env._task_ctrl(a[None])[0] for a in acts]), env.frame_skip, axis=0)[None]
+    ctrl = np.repeat(np.stack([env._task_ctrl(a[None])[0] for a in acts]), env.frame_skip, axis=0)[
+        None
+    ]
     nstep = ctrl.shape[1]
     rollout.rollout(m, d, state, ctrl[:, :10])
     total, t0 = 0, time.perf_counter()
@@ -128,7 +132,9 @@ def run(
     rows = []
     for task in tasks:
         single, limit = hardware_limit(task, seconds)
-        progress(f"{task}: MuJoCo single-thread {single:,.0f} physics steps/s -> limit {limit:,.0f} env steps/s")
+        progress(
+            f"{task}: MuJoCo single-thread {single:,.0f} physics steps/s -> limit {limit:,.0f} env steps/s"
+        )
         for n in envs:
             ours = ours_rate(task, n, seconds)
             sync = gym_rate(task, n, "sync", seconds) if n <= sync_max_envs else None
@@ -169,19 +175,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", nargs="+", default=["halfcheetah", "quadruped"])
     p.add_argument("--envs", nargs="+", type=int, default=[1, 16, 64, 256, 1024])
     p.add_argument("--seconds", type=float, default=2.0, help="timing window per measurement")
-    p.add_argument("--async-max-envs", type=int, default=64, help="AsyncVectorEnv runs one process per env")
+    p.add_argument(
+        "--async-max-envs", type=int, default=64, help="AsyncVectorEnv runs one process per env"
+    )
     p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
     a = p.parse_args(argv)
-    print(f"machine: {os.cpu_count()} CPUs visible, {default_threads()} usable; mujoco {mujoco.__version__}")
+    print(
+        f"machine: {os.cpu_count()} CPUs visible, {default_threads()} usable; mujoco {mujoco.__version__}"
+    )
     print(HEADER)
-    rows = run(a.tasks, a.envs, a.seconds, a.async_max_envs, progress=lambda s: print(s, flush=True))
+    rows = run(
+        a.tasks, a.envs, a.seconds, a.async_max_envs, progress=lambda s: print(s, flush=True)
+    )
     print("\nsummary\n" + HEADER)
     for task in a.tasks:
         best = best_gym_rate(rows, task)
         for r in rows:
             if r.task == task:
                 print(format_row(r, best))
-    print("x best gym: ours divided by the fastest Gymnasium vector env of the task at any env count")
+    print(
+        "x best gym: ours divided by the fastest Gymnasium vector env of the task at any env count"
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump([asdict(r) | {"frac_of_limit": r.frac_of_limit} for r in rows], f, indent=1)

@@ -50,6 +50,7 @@ class BatchEngine:
         self.nthread = nthread or default_threads()
         self._b = mjbatch.Batch(model, nsim=num_envs, nthread=self.nthread)
         self._ctrl = self._b.bind("ctrl")
+        self.written_model_fields: set[str] = set()
 
     def get(self, name: str) -> np.ndarray:
         # bound arrays are live views; callers that keep a value must copy it
@@ -67,6 +68,7 @@ class BatchEngine:
 
     def set_model_field(self, name: str, values: np.ndarray, ids: np.ndarray) -> None:
         self._b.expand(name)[ids] = values
+        self.written_model_fields.add(name)
 
     def set_const(self, ids: np.ndarray) -> None:
         self._b.set_const(ids)
@@ -113,6 +115,7 @@ class PoolEngine:
         self._d_addr = np.array([d._address for d in self._datas], dtype=np.uint64)
         self._addr_cache: dict[tuple[str, str], tuple[np.ndarray, int, tuple, np.dtype]] = {}
         self._per_env_models = False
+        self.written_model_fields: set[str] = set()
 
     # -- data fields ---------------------------------------------------------------
     def _field(self, kind: str, name: str):
@@ -127,8 +130,6 @@ class PoolEngine:
         return self._addr_cache[key]
 
     def get(self, name: str) -> np.ndarray:
-        if name == "time":
-            return np.array([d.time for d in self._datas])
         addrs, nbytes, shape, dtype = self._field("data", name)
         out = np.empty((self.num_envs, *shape), dtype=dtype)
         if nbytes:
@@ -137,10 +138,6 @@ class PoolEngine:
 
     def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         ids = np.arange(self.num_envs) if ids is None else np.asarray(ids, dtype=np.int64)
-        if name == "time":
-            for i, v in zip(ids, np.broadcast_to(values, ids.shape)):
-                self._datas[i].time = float(v)
-            return
         addrs, nbytes, shape, dtype = self._field("data", name)
         src = np.ascontiguousarray(np.broadcast_to(values, (len(ids), *shape)), dtype=dtype)
         if nbytes:
@@ -167,6 +164,7 @@ class PoolEngine:
         addrs, nbytes, shape, dtype = self._field("model", name)
         src = np.ascontiguousarray(np.broadcast_to(values, (len(ids), *shape)), dtype=dtype)
         native.scatter(addrs, nbytes, src, np.asarray(ids, dtype=np.int64))
+        self.written_model_fields.add(name)
 
     def set_const(self, ids: np.ndarray) -> None:
         native.setconst_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
@@ -196,3 +194,35 @@ def make_engine(model: mujoco.MjModel, num_envs: int, nthread: int = 0, rne_post
     if rne_post:
         return PoolEngine(model, num_envs, nthread, rne_post=True)
     return BatchEngine(model, num_envs, nthread)
+
+
+def engine_state(engine) -> dict[str, np.ndarray]:
+    """Everything needed to continue the simulations exactly: integration state and
+    the per-env model parameters written by domain randomization."""
+    out: dict[str, np.ndarray] = {}
+    if isinstance(engine, BatchEngine):
+        out["state_rows"] = engine._b.state.copy()
+    else:
+        for f in STATE_FIELDS:
+            out[f"data.{f}"] = engine.get(f).copy()
+    for name in sorted(engine.written_model_fields):
+        out[f"model.{name}"] = np.array(engine.model_field(name), copy=True)
+    return out
+
+
+def load_engine_state(engine, state: dict[str, np.ndarray]) -> None:
+    all_ids = np.arange(engine.num_envs)
+    for key, value in state.items():
+        kind, _, name = key.partition(".")
+        if key == "state_rows":
+            if engine._b.state.shape != value.shape:
+                raise ValueError(
+                    f"simulator state has shape {value.shape}, this env needs {engine._b.state.shape}"
+                )
+            engine._b.state[...] = value
+        elif kind == "data":
+            engine.set(name, value, all_ids)
+        elif kind == "model":
+            engine.set_model_field(name, value, all_ids)
+    if any(k.startswith("model.") for k in state):
+        engine.set_const(all_ids)

@@ -14,7 +14,7 @@ import mujoco
 import numpy as np
 import torch
 
-from sim.engine import SimulationFailure, make_engine
+from sim.engine import SimulationFailure, engine_state, load_engine_state, make_engine
 from sim.randomization import LatencyQueue, ModelRandomizer, ObsHistory, SimToRealConfig
 from sim.spec import ActionSpec, ObservationSpec, ObsGroup, ObsTerm, RobotDescription
 
@@ -295,6 +295,54 @@ class MujocoVecEnv:
             self._to_torch(truncated, torch.bool),
             info,
         )
+
+    # ------------------------------------------------------------------ checkpointing
+    def _stateful_parts(self) -> dict[str, object]:
+        return {
+            "env": self,
+            "randomizer": self.randomizer,
+            "latency": self._latency,
+            "history": self._history,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """All that is needed to continue these episodes exactly: physics state,
+        per-env model parameters, episode counters, queues, task state, RNG state.
+
+        Task state is captured generically: every numpy array attribute of the env
+        (and of its sim-to-real helpers), so tasks need no code of their own.
+        """
+        arrays = {}
+        for part, obj in self._stateful_parts().items():
+            for k, v in vars(obj).items():
+                if isinstance(v, np.ndarray):
+                    arrays[f"{part}.{k}"] = v.copy()
+        return {
+            "task": self.name,
+            "num_envs": self.num_envs,
+            "arrays": arrays,
+            "latency_head": self._latency.head,
+            "rng": self._rng.bit_generator.state,
+            "engine": engine_state(self.engine),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("task") != self.name or state.get("num_envs") != self.num_envs:
+            raise ValueError(
+                f"env state is for task {state.get('task')!r} with {state.get('num_envs')} envs; "
+                f"this env is {self.name!r} with {self.num_envs}"
+            )
+        parts = self._stateful_parts()
+        for key, value in state["arrays"].items():
+            part, _, attr = key.partition(".")
+            obj = parts[part]
+            current = getattr(obj, attr, None)
+            if not isinstance(current, np.ndarray) or current.shape != value.shape:
+                raise ValueError(f"env state field {key} does not fit this env")
+            current[...] = value
+        self._latency.head = int(state["latency_head"])
+        self._rng.bit_generator.state = state["rng"]
+        load_engine_state(self.engine, state["engine"])
 
     # ------------------------------------------------------------------ extras
     def get_state(self) -> dict[str, np.ndarray]:
