@@ -77,7 +77,9 @@ def test_dual_clip_bounds_negative_advantages():
     close(stats["clip_frac"], 3 / 4)
     loss.backward()
     close(new.grad, [0.0, 2.0 / 4, 0.0, 0.0])
-    plain, _ = policy_loss(new.detach(), torch.zeros(4, dtype=torch.float64), adv, PolicyLossConfig())
+    plain, _ = policy_loss(
+        new.detach(), torch.zeros(4, dtype=torch.float64), adv, PolicyLossConfig()
+    )
     close(plain, (4 + 2 - 1.2 + 1.6) / 4)
 
 
@@ -334,3 +336,14 @@ def test_extreme_ratio_gives_finite_zero_gradient_when_clipped():
     loss, _ = policy_loss(new, torch.zeros(1), torch.ones(1), PolicyLossConfig())
     loss.backward()
     assert torch.isfinite(loss) and new.grad.item() == 0.0
+
+
+@pytest.mark.parametrize("name", ["ppo", "reinforce", "gspo"])
+def test_padding_with_infinite_log_probs_stays_out_of_loss_and_gradient(name):
+    new = torch.tensor([[-0.5, float("-inf")], [-1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-0.4, float("-inf")], [-1.0, -2.1]])
+    mask = torch.tensor([[True, False], [True, True]])
+    loss, stats = policy_loss(new, old, torch.tensor([1.0, -1.0]), get_loss_config(name), mask=mask)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(v) for v in stats.values())
+    assert torch.isfinite(new.grad).all() and new.grad[0, 1] == 0

@@ -114,13 +114,17 @@ def group_relative(
     """GRPO: (R - group mean) / (group std + eps), std unbiased (n - 1) as in TRL.
 
     rewards is [num_groups, group_size], or flat [N] with integer ``group_ids`` (groups
-    may then differ in size). A group of one has no spread: its advantage is 0.
+    may then differ in size). A group without spread (all rewards equal, or a single
+    member) gets advantage 0, also when eps is 0.
     """
     flat, index, counts = _grouped(rewards, group_ids)
     centered = _centered(flat, index, counts)
     dof = (counts - 1).clamp_min(1).to(flat.dtype)
     std = torch.sqrt(_group_sum(centered.square(), index, counts.numel()) / dof)
-    return (centered / (std[index] + eps)).reshape(rewards.shape)
+    spread = std[index]
+    # A group without spread (all equal, or a single member) carries no signal: 0, not 0/0.
+    adv = torch.where(spread > 0, centered / (spread + eps), torch.zeros_like(centered))
+    return adv.reshape(rewards.shape)
 
 
 @torch.no_grad()

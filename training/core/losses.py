@@ -219,6 +219,11 @@ def _mask_rows(mask: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return mask.to(like.dtype)
 
 
+def _masked(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """x * m, but padding is exactly 0 even where x is inf or nan (e.g. -inf log-probs)."""
+    return torch.where(m > 0, x * m, torch.zeros_like(x))
+
+
 def aggregate(
     values: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -235,9 +240,9 @@ def aggregate(
     m = _mask_rows(mask, v)
     if mode == "token_mean":
         total = m.sum()
-        return torch.where(total > 0, (v * m).sum() / total.clamp_min(1e-12), v.new_zeros(()))
+        return torch.where(total > 0, _masked(v, m).sum() / total.clamp_min(1e-12), v.new_zeros(()))
     row_weight = m.sum(dim=-1)
-    row_sum = (v * m).sum(dim=-1)
+    row_sum = _masked(v, m).sum(dim=-1)
     if mode == "seq_mean_token_mean":
         per_row = row_sum / row_weight.clamp_min(1e-12)
     elif mode == "seq_mean_token_sum_norm":
@@ -299,7 +304,8 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 def _row_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     """Each row's masked mean, broadcast back over the row (0 for rows with no valid element)."""
-    return ((x * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1e-12)).expand_as(x)
+    total = m.sum(-1, keepdim=True).clamp_min(1e-12)
+    return (_masked(x, m).sum(-1, keepdim=True) / total).expand_as(x)
 
 
 def policy_loss(
