@@ -157,7 +157,9 @@ class MujocoVecEnv:
 
     def _to_torch(self, x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
-        return t.to(device=self.device, dtype=dtype or self.dtype)
+        out = t.to(device=self.device, dtype=dtype or self.dtype)
+        # never hand out a view of an internal buffer (e.g. dtype=float64 on CPU)
+        return out.clone() if out.data_ptr() == t.data_ptr() else out
 
     def _observe(self, reset_ids: np.ndarray | None) -> dict[str, torch.Tensor]:
         terms = self._task_obs()
@@ -166,9 +168,14 @@ class MujocoVecEnv:
             frame = frame + self._rng.standard_normal(frame.shape) * self._noise_std
         if self._bias_std.any():
             frame = frame + self._bias
-        if reset_ids is not None and len(reset_ids):
+        if reset_ids is not None:
+            # only the reset envs get a new frame; the others keep their history as it is
+            # (pushing here too would stack their current frame twice)
             self._history.reset(reset_ids, frame[reset_ids])
-        obs = {"policy": self._history.push(frame)}
+            policy = self._history.buf.reshape(self.num_envs, -1)
+        else:
+            policy = self._history.push(frame)
+        obs = {"policy": policy}
         if "critic" in self.observation_spec.groups:
             obs["critic"] = self._assemble(terms, "critic")
         return {k: self._to_torch(v) for k, v in obs.items()}
