@@ -221,7 +221,9 @@ class PolicyMetadata:
         if self.noise_shape is not None and (
             not self.noise_shape or any(d <= 0 for d in self.noise_shape)
         ):
-            _fail("noise_shape", f"must be None or a list of positive sizes, got {self.noise_shape}")
+            _fail(
+                "noise_shape", f"must be None or a list of positive sizes, got {self.noise_shape}"
+            )
         if self.opset <= 0:
             _fail("opset", f"must be positive, got {self.opset}")
 

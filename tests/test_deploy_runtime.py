@@ -6,6 +6,7 @@ weights and can compare against a numpy reference.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,9 @@ def test_noise_input_must_match_noise_shape(tmp_path):
 
 def test_recurrent_state_must_match_metadata(tmp_path):
     rng = np.random.default_rng(0)
-    model = rnn_model(rng.normal(size=(FRAME, 5)), rng.normal(size=(5, 5)), rng.normal(size=(5, NJ)))
+    model = rnn_model(
+        rng.normal(size=(FRAME, 5)), rng.normal(size=(5, 5)), rng.normal(size=(5, NJ))
+    )
     no_state = _save(tmp_path, model, _meta(policy_family="recurrent"), "a.onnx")
     with pytest.raises(PolicyLoadError, match="h"):
         OnnxPolicy(no_state)
@@ -209,16 +212,27 @@ def test_recurrent_state_must_match_metadata(tmp_path):
         OnnxPolicy(phantom)
 
 
-def test_runtime_modules_do_not_import_torch():
-    """The robot computer has no torch: loading the runtime must not pull it in."""
+def test_runtime_works_without_torch_and_onnx(mlp):
+    """A robot computer has no torch (and maybe no onnx): block both and run a policy."""
+    path, w, b = mlp
     code = (
-        "import sys, deploy.runtime, deploy.safety, deploy.metadata; "
-        "bad = [m for m in ('torch', 'onnx') if m in sys.modules]; "
-        "sys.exit(1 if bad else 0)"
+        "import sys; sys.modules['torch'] = None; sys.modules['onnx'] = None\n"
+        "import json\nimport numpy as np\n"
+        "from deploy.metadata import read_metadata\n"
+        "from deploy.runtime import OnnxPolicy\n"
+        "from deploy.safety import SafetyConfig, SafetyLayer\n"
+        "meta = read_metadata(sys.argv[1])\n"
+        "policy = OnnxPolicy(sys.argv[1])\n"
+        "safety = SafetyLayer(SafetyConfig.from_metadata(meta))\n"
+        "print(json.dumps(policy.act(np.ones(policy.obs_frame_size)).tolist()))\n"
     )
     root = Path(__file__).resolve().parents[1]
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True)
-    assert result.returncode == 0, result.stderr.decode()
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(path)], cwd=root, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    expected = np.tanh(np.ones(FRAME, dtype=np.float32) @ w + b)
+    np.testing.assert_allclose(json.loads(result.stdout), expected, atol=1e-6)
 
 
 # ---------------------------------------------------------------------- act
@@ -267,7 +281,9 @@ def test_history_is_oldest_first_and_reset_refills(tmp_path):
     # First call: the history is filled with copies of the first frame.
     np.testing.assert_allclose(policy.act(frames[0]), ref([frames[0]] * 3), atol=1e-6)
     np.testing.assert_allclose(policy.obs_history(), np.concatenate([frames[0]] * 3))
-    np.testing.assert_allclose(policy.act(frames[1]), ref([frames[0], frames[0], frames[1]]), atol=1e-6)
+    np.testing.assert_allclose(
+        policy.act(frames[1]), ref([frames[0], frames[0], frames[1]]), atol=1e-6
+    )
     np.testing.assert_allclose(policy.act(frames[2]), ref(frames[0:3]), atol=1e-6)
     np.testing.assert_allclose(policy.act(frames[3]), ref(frames[1:4]), atol=1e-6)
     np.testing.assert_allclose(policy.act(frames[4]), ref(frames[2:5]), atol=1e-6)
@@ -276,6 +292,8 @@ def test_history_is_oldest_first_and_reset_refills(tmp_path):
     np.testing.assert_allclose(policy.act(frames[1]), ref([frames[1]] * 3), atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_nonfinite_frame_is_not_committed(tmp_path):
     w, b = _weights(FRAME * 2, NJ)
     policy = OnnxPolicy(_save(tmp_path, mlp_model(w, b), _meta(obs_history_length=2)))
@@ -284,7 +302,20 @@ def test_nonfinite_frame_is_not_committed(tmp_path):
     bad[2] = np.nan
     assert np.isnan(policy.act(bad)).all()
     np.testing.assert_allclose(policy.obs_history(), np.ones(2 * FRAME))
-    assert policy.counters["nonfinite_frames"] == 1
+    bad[2] = -np.inf
+    assert np.isnan(policy.act(bad)).all()
+    bad[2] = 1e300  # finite in float64, inf in float32
+    assert np.isnan(policy.act(bad)).all()
+    with np.errstate(all="raise"):  # a node that makes numpy raise must not crash
+        assert np.isnan(policy.act(bad)).all()
+        bad[2] = np.inf
+        assert np.isnan(policy.act(bad)).all()
+    np.testing.assert_allclose(policy.obs_history(), np.ones(2 * FRAME))
+    assert policy.counters["nonfinite_frames"] == 5
+    frame = np.full(FRAME, 2.0)
+    np.testing.assert_allclose(
+        policy.act(frame), np.tanh(np.r_[np.ones(FRAME), frame] @ w + b), atol=1e-6
+    )
 
 
 def test_recurrent_state_carried_like_numpy_loop(tmp_path):
@@ -329,7 +360,9 @@ def test_recurrent_state_carried_like_numpy_loop(tmp_path):
 
 def test_generative_noise_modes(tmp_path):
     w, b = _weights(FRAME, NJ)
-    path = _save(tmp_path, mlp_model(w, b, noise_dim=NJ), _meta(policy_family="flow", noise_shape=[NJ]))
+    path = _save(
+        tmp_path, mlp_model(w, b, noise_dim=NJ), _meta(policy_family="flow", noise_shape=[NJ])
+    )
     frame = np.linspace(-1, 1, FRAME)
     base = np.tanh(frame.astype(np.float32) @ w + b)
 
@@ -353,6 +386,48 @@ def test_generative_noise_modes(tmp_path):
     actions, state = det.act_batch(np.stack([frame, frame]))
     assert state == {}
     np.testing.assert_allclose(actions, np.stack([base, base]), atol=1e-6)
+
+
+def test_nonfinite_next_state_is_not_committed(tmp_path):
+    """next_h = obs @ W + h overflows float32 for a huge frame: keep the old state."""
+    w = np.full((FRAME, 2), 1e30, dtype=np.float32)
+    v = np.ones((2, NJ), dtype=np.float32)
+    model = _model(
+        [
+            helper.make_node("MatMul", ["obs", "W"], ["a"]),
+            helper.make_node("Add", ["a", "h"], ["next_h"]),
+            helper.make_node("MatMul", ["next_h", "V"], ["actions"]),
+        ],
+        [_vi("obs", FRAME), _vi("h", 2)],
+        [_vi("actions", NJ), _vi("next_h", 2)],
+        [_init("W", w), _init("V", v)],
+    )
+    meta = _meta(policy_family="recurrent", recurrent_state=[("h", [2])])
+    policy = OnnxPolicy(_save(tmp_path, model, meta))
+    policy.act(np.full(FRAME, 1e-30))
+    state = policy.state["h"]
+    np.testing.assert_allclose(state, np.full((1, 2), FRAME * 1.0), rtol=1e-5)
+    with np.errstate(over="ignore", invalid="ignore"):
+        policy.act(np.full(FRAME, 1e30))  # finite frame, infinite state
+    np.testing.assert_array_equal(policy.state["h"], state)
+    assert policy.counters["nonfinite_state"] == 1
+
+
+def test_extra_graph_outputs_are_allowed(tmp_path):
+    w, b = _weights(FRAME, NJ)
+    model = _model(
+        [
+            helper.make_node("MatMul", ["obs", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "B"], ["actions"]),
+            helper.make_node("ReduceSum", ["actions"], ["value"], keepdims=1),
+        ],
+        [_vi("obs", FRAME)],
+        [_vi("actions", NJ), _vi("value", 1)],
+        [_init("W", w), _init("B", b)],
+    )
+    policy = OnnxPolicy(_save(tmp_path, model, _meta()))
+    frame = np.arange(FRAME, dtype=np.float32)
+    np.testing.assert_allclose(policy.act(frame), frame @ w + b, atol=1e-5)
 
 
 def test_act_batch_matches_reference_and_validates(mlp):

@@ -4,6 +4,7 @@ output is always finite and within the joint limits whatever comes in."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -149,6 +150,15 @@ def test_huge_limits_do_not_overflow():
     np.testing.assert_array_equal(out, [0.5e308, -0.5e308])
     out = layer.filter(OBS, np.array([-1e308, 1e308]), 1.0)
     np.testing.assert_array_equal(out, [-1e308, 1e308])
+    # A jump of 2e308 overflows; neither np.seterr nor warnings-as-errors may escape.
+    with np.errstate(all="raise"):
+        out = layer.filter(OBS, np.array([1e308, -1e308]), 1.5)
+    np.testing.assert_array_equal(out, [1e308, -1e308])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = layer.filter(OBS, np.array([-1e308, 1e308]), 2.0)
+    np.testing.assert_array_equal(out, [-1e308, 1e308])
+    assert layer.counters["rate_limited"] == 0
 
 
 def test_nonfinite_obs_and_action_hold_last_output():
@@ -289,7 +299,8 @@ def configs(draw) -> SafetyConfig:
 @given(config=configs(), operations=ops)
 def test_output_always_finite_and_within_limits(config, operations):
     layer = SafetyLayer(config)
-    with np.errstate(all="ignore"):
+    # Even with numpy told to raise on overflow, the layer must not raise.
+    with np.errstate(all="raise"):
         for op in operations:
             if op[0] == "observe":
                 layer.observe(op[1])
