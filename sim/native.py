@@ -96,10 +96,28 @@ def setconst_pool(m_addr, d_addr, ids, nchunk):  # pragma: no cover
 
 
 @njit(parallel=True, nogil=True)
-def gather(addrs, nbytes, out):  # pragma: no cover
+def _gather_parallel(addrs, nbytes, out):  # pragma: no cover
     base = out.ctypes.data
     for i in prange(addrs.shape[0]):
         _memcpy(base + i * nbytes, addrs[i], nbytes)
+
+
+@njit(nogil=True)
+def _gather_serial(addrs, nbytes, out):  # pragma: no cover
+    base = out.ctypes.data
+    for i in range(addrs.shape[0]):
+        _memcpy(base + i * nbytes, addrs[i], nbytes)
+
+
+# below this many envs, starting a parallel region costs more than the copies
+_PARALLEL_GATHER_MIN = 256
+
+
+def gather(addrs: np.ndarray, nbytes: int, out: np.ndarray) -> None:
+    if addrs.shape[0] >= _PARALLEL_GATHER_MIN:
+        _gather_parallel(addrs, nbytes, out)
+    else:
+        _gather_serial(addrs, nbytes, out)
 
 
 @njit(nogil=True)
