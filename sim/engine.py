@@ -50,10 +50,19 @@ class BatchEngine:
         self.nthread = nthread or default_threads()
         self._b = mjbatch.Batch(model, nsim=num_envs, nthread=self.nthread)
         self._ctrl = self._b.bind("ctrl")
+        self._bound: set[str] = {"ctrl"}
         self.written_model_fields: set[str] = set()
 
     def get(self, name: str) -> np.ndarray:
         # bound arrays are live views; callers that keep a value must copy it
+        if name not in self._bound:
+            self._bound.add(name)
+            arr = self._b.bind(name)
+            if name not in STATE_FIELDS:
+                # an output field bound between calls reads zero until the next call;
+                # a forward pass fills it without touching the integration state
+                self._b.forward()
+            return arr
         return self._b.bind(name)
 
     def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:

@@ -69,3 +69,9 @@ def _lazy(module: str, cls: str) -> Callable[[], type[MujocoVecEnv]]:
 
 
 register("halfcheetah", _lazy("sim.tasks.halfcheetah", "HalfCheetah"))
+register("hopper", _lazy("sim.tasks.hopper", "Hopper"))
+register("walker2d", _lazy("sim.tasks.walker2d", "Walker2d"))
+register("ant", _lazy("sim.tasks.ant", "Ant"))
+register("humanoid", _lazy("sim.tasks.humanoid", "Humanoid"))
+register("cartpole", _lazy("sim.tasks.cartpole", "CartPole"))
+register("quadruped", _lazy("sim.tasks.quadruped", "Quadruped"))
