@@ -1,5 +1,9 @@
 """The optimizer core: one policy loss, advantage estimators, schedules, normalizers."""
 
+from policies.normalization import (  # lives with the policies that embed it
+    RunningMeanStd,
+    ValueNormalizer,
+)
 from training.core.advantages import (
     anchor_state_groups,
     dr_grpo,
@@ -22,7 +26,6 @@ from training.core.losses import (
     policy_loss,
     value_loss,
 )
-from training.core.normalization import RunningMeanStd, ValueNormalizer
 from training.core.schedules import (
     AdaptiveKL,
     ConstantSchedule,
