@@ -1,0 +1,70 @@
+"""Episode statistics of a policy in the batched simulator.
+
+Shared by checkpoint evaluation and by sim2sim evaluation of exported ONNX files,
+so both report the same numbers in the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+# act(obs, reset_mask) -> actions; reset_mask tells a stateful policy which envs
+# started a new episode (all True on the first call).
+ActFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> dict[str, float]:
+    """Run each env's first episode to its end; `env.num_envs` must be >= `episodes`.
+
+    Taking the first episode of every env (rather than the first `episodes` that end)
+    avoids favouring short episodes.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    if env.num_envs < episodes:
+        raise ValueError(
+            f"env has {env.num_envs} envs, fewer than the {episodes} episodes asked for"
+        )
+    obs = env.reset()
+    n = env.num_envs
+    done = np.zeros(n, dtype=bool)
+    ret = np.zeros(n)
+    length = np.zeros(n, dtype=np.int64)
+    extras: dict[str, list[float]] = {}
+    reset_mask = torch.ones(n, dtype=torch.bool, device=env.device)
+    limit = max_steps or env.max_episode_steps + 1
+    lo = torch.as_tensor(env.action_spec.low, dtype=torch.float32, device=env.device)
+    hi = torch.as_tensor(env.action_spec.high, dtype=torch.float32, device=env.device)
+    for _ in range(limit):
+        with torch.no_grad():
+            actions = act(obs, reset_mask)
+        actions = torch.clamp(
+            torch.as_tensor(actions, dtype=torch.float32, device=env.device), lo, hi
+        )
+        obs, reward, terminated, truncated, info = env.step(actions)
+        live = ~done
+        ret[live] += reward.cpu().numpy().astype(np.float64)[live]
+        length[live] += 1
+        for k in ("lin_vel_error", "ang_vel_error"):
+            if k in info:
+                extras.setdefault(k, []).extend(info[k].cpu().numpy()[live[:]].tolist())
+        ended = (terminated | truncated).cpu().numpy()
+        reset_mask = torch.as_tensor(ended, device=env.device)
+        done |= ended
+        if done[:episodes].all():
+            break
+    sel = slice(0, episodes)
+    out = {
+        "episodes": int(episodes),
+        "return_mean": float(ret[sel].mean()),
+        "return_std": float(ret[sel].std()),
+        "length_mean": float(length[sel].mean()),
+        "length_std": float(length[sel].std()),
+        "completed": int(done[sel].sum()),
+    }
+    for k, v in extras.items():
+        out[f"{k}_mean"] = float(np.mean(v))
+    return out

@@ -1,0 +1,77 @@
+"""Per-task training presets: overrides applied on top of the config defaults.
+
+Figures chosen for this machine class (2 CPU cores); the user's command-line
+overrides always win over a preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": {
+        "env.num_envs": 16,
+        "ppo.num_steps": 32,
+        "ppo.num_epochs": 5,
+        "ppo.num_minibatches": 2,
+        "ppo.lr": 1e-3,
+        "ppo.gamma": 0.99,
+        "policy.actor_hidden": (64, 64),
+        "policy.critic_hidden": (64, 64),
+        "run.total_steps": 60_000,
+    },
+    "halfcheetah": {
+        "env.num_envs": 32,
+        "ppo.num_steps": 64,
+        "ppo.num_epochs": 5,
+        "ppo.num_minibatches": 4,
+        "ppo.lr": 3e-4,
+        "ppo.entropy_coef": 0.0,
+        "policy.actor_hidden": (256, 256),
+        "policy.critic_hidden": (256, 256),
+        "run.total_steps": 1_000_000,
+    },
+    "hopper": {
+        "env.num_envs": 32,
+        "ppo.num_steps": 64,
+        "ppo.lr": 3e-4,
+        "policy.actor_hidden": (256, 256),
+        "policy.critic_hidden": (256, 256),
+        "run.total_steps": 1_000_000,
+    },
+    "walker2d": {
+        "env.num_envs": 32,
+        "ppo.num_steps": 64,
+        "ppo.lr": 3e-4,
+        "policy.actor_hidden": (256, 256),
+        "policy.critic_hidden": (256, 256),
+        "run.total_steps": 1_000_000,
+    },
+    "ant": {
+        "env.num_envs": 32,
+        "ppo.num_steps": 64,
+        "ppo.lr": 3e-4,
+        "policy.actor_hidden": (256, 256),
+        "policy.critic_hidden": (256, 256),
+        "run.total_steps": 1_000_000,
+    },
+    "humanoid": {
+        "env.num_envs": 32,
+        "ppo.num_steps": 64,
+        "ppo.lr": 3e-4,
+        "policy.actor_hidden": (256, 256),
+        "policy.critic_hidden": (256, 256),
+        "run.total_steps": 2_000_000,
+    },
+    "quadruped": {
+        "env.num_envs": 256,
+        "ppo.num_steps": 24,
+        "ppo.num_epochs": 5,
+        "ppo.num_minibatches": 4,
+        "ppo.lr": 1e-3,
+        "ppo.entropy_coef": 0.01,
+        "policy.actor_hidden": (256, 128, 64),
+        "policy.critic_hidden": (256, 128, 64),
+        "run.total_steps": 5_000_000,
+    },
+}
