@@ -383,12 +383,11 @@ class ActorCritic(nn.Module):
     def act(self, obs: Mapping[str, torch.Tensor]) -> ActionOutput:
         """Sample actions for a batch of envs; advances the recurrent state.
 
-        In training mode the observation statistics are updated first (with this batch),
-        then used; in eval mode they are frozen.
+        The observation statistics stay fixed while acting: the learner folds in a whole
+        rollout after its update (`update_normalizers`), so stored log-probabilities are
+        exact at the start of every update.
         """
         x, xc = self._obs(obs)
-        if self.training:
-            self.update_normalizers(obs)
         hidden = self._acting_hidden(x.shape[0], x.device)
         mean, value, hidden = self._heads_step(x, xc, hidden)
         if hidden is not None:

@@ -442,9 +442,7 @@ class LanguageModelPolicy(nn.Module):
                 use_cache=True,
                 logits_to_keep=1,
             )
-            cache = getattr(out, "past_key_values", None)
-            if cache is None:
-                cache = getattr(out, "cache", None)
+            cache = getattr(out, self._cache_kwarg, None)
             logits = out.logits[:, -1, :]
             for t in range(max_new_tokens):
                 logits = logits.float()

@@ -58,11 +58,27 @@ class RunningMeanStd(nn.Module):
     def update(self, x: torch.Tensor) -> None:
         """Fold a batch (any leading dims, trailing dims equal to ``shape``) into the stats."""
         batch = self._batch(x)
-        if batch.shape[0] == 0:
-            return
         b_count = batch.shape[0]
-        b_mean = batch.mean(dim=0)
-        b_var = batch.var(dim=0, unbiased=False)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # data-parallel ranks fold the moments of all ranks' batches, so every rank
+            # keeps the same statistics (they are part of the policy)
+            b = batch.to(torch.float64)
+            moments = torch.cat(
+                [b.new_tensor([float(b_count)]), b.sum(0).flatten(), b.square().sum(0).flatten()]
+            )
+            torch.distributed.all_reduce(moments)
+            b_count = int(moments[0].item())
+            if b_count == 0:
+                return
+            k = (moments.numel() - 1) // 2
+            b_mean = (moments[1 : 1 + k] / b_count).view(batch.shape[1:])
+            b_var = (moments[1 + k :] / b_count).view(batch.shape[1:]) - b_mean.square()
+            b_var = b_var.clamp_min(0.0)
+        else:
+            if b_count == 0:
+                return
+            b_mean = batch.mean(dim=0)
+            b_var = batch.var(dim=0, unbiased=False)
         n = self.count.to(torch.float64)
         total = n + b_count
         mean = self.mean.to(torch.float64)

@@ -348,6 +348,7 @@ class MujocoVecEnv:
                 raise ValueError(f"env state field {key} does not fit this env")
             current[...] = value
         self._latency.head = int(state["latency_head"])
+        self._obs = {}  # episodes are under way: step() may continue them
         self._rng.bit_generator.state = state["rng"]
         load_engine_state(self.engine, state["engine"])
 

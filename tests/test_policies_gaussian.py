@@ -79,11 +79,13 @@ def test_log_prob_and_entropy_match_torch_normal():
 
 
 @pytest.mark.parametrize("critic", [None, 7])
-def test_normalizer_updates_only_when_training_and_acting(critic):
+def test_normalizer_changes_only_through_update_normalizers(critic):
     p = make(critic=critic)
     o = obs_batch(16, critic)
     p.train()
-    p.act(o)
+    p.act(o)  # acting never moves the statistics (the learner folds in whole rollouts)
+    assert int(p.actor_obs_normalizer.count) == 0
+    p.update_normalizers(o)
     assert int(p.actor_obs_normalizer.count) == 16
     if critic is not None:
         assert int(p.critic_obs_normalizer.count) == 16

@@ -89,31 +89,33 @@ def _parse(value: str, tp: Any, path: str) -> Any:
     raise ConfigError(f"{path}: fields of type {tp} cannot be set from the command line")
 
 
-def set_field(cfg: Any, path: str, value: Any) -> Any:
+def set_field(cfg: Any, path: str, value: Any, _prefix: str = "") -> Any:
     """Return a copy of `cfg` with the dotted field `path` set (strings are parsed)."""
     head, _, rest = path.partition(".")
+    full = _prefix + path
     names = {f.name: f for f in dataclasses.fields(cfg)}
     if head not in names:
-        known = _field_paths(cfg)
-        close = difflib.get_close_matches(path, known, n=1)
+        known = [_prefix + p for p in _field_paths(cfg)]
+        close = difflib.get_close_matches(full, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown config field {path!r}{hint}")
+        raise ConfigError(f"unknown config field {full!r}{hint}")
     current = getattr(cfg, head)
     if rest:
         if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"config field {head!r} has no sub-field {rest!r}")
-        return dataclasses.replace(cfg, **{head: set_field(current, rest, value)})
-    if dataclasses.is_dataclass(current):
-        raise ConfigError(
-            f"{path!r} is a section; set one of its fields, e.g. {_field_paths(current)[0]!r}"
+            raise ConfigError(f"config field {_prefix + head!r} has no sub-field {rest!r}")
+        return dataclasses.replace(
+            cfg, **{head: set_field(current, rest, value, f"{_prefix}{head}.")}
         )
+    if dataclasses.is_dataclass(current):
+        example = f"{full}.{_field_paths(current)[0]}"
+        raise ConfigError(f"{full!r} is a section; set one of its fields, e.g. {example!r}")
     hints = typing.get_type_hints(type(cfg))
     if isinstance(value, str):
-        value = _parse(value, hints[head], path)
+        value = _parse(value, hints[head], full)
     try:
         return dataclasses.replace(cfg, **{head: value})
     except (ValueError, TypeError) as e:  # the dataclass's own validation
-        raise ConfigError(f"{path}={value!r}: {e}") from e
+        raise ConfigError(f"{full}={value!r}: {e}") from e
 
 
 def apply_overrides(cfg: Any, overrides: list[str] | dict[str, Any]) -> Any:

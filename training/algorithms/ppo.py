@@ -442,6 +442,9 @@ class PPO:
             rolled_back = True
         if rolled_back:
             self._rollback(snapshot)
+        # fold this rollout into the observation statistics only now, so that acting
+        # and re-evaluating used the same normalization
+        self.policy.update_normalizers(self.storage.obs)
         self.storage.clear()
         self.num_updates += 1
         self._set_lr(self.learning_rate)  # the rate the next update starts from
