@@ -1,0 +1,97 @@
+"""Our PPO preset on the MuJoCo locomotion tasks, next to the RL Zoo's published PPO.
+
+For each task and seed: train with the task's preset for a fixed env-step budget,
+then evaluate the deterministic policy (10 episodes). Prints the median final return
+and wall time per task beside stable-baselines3 RL Zoo's PPO figures (1M steps,
+Gymnasium v3 tasks; DLR-RM/rl-baselines3-zoo, benchmark.md). Quadruped: velocity
+tracking error of the trained policy.
+
+    python benchmarks/ppo_quality.py --tasks halfcheetah hopper walker2d ant --seeds 0 1 2 --steps 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+# RL Zoo PPO, 1M steps, mean ± std of the deterministic evaluation (benchmark.md)
+RL_ZOO_PPO = {
+    "halfcheetah": (5819.1, 663.5),
+    "hopper": (2410.4, 10.0),
+    "walker2d": (3478.8, 821.7),
+    "ant": (1327.2, 451.6),
+}
+
+
+def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
+    from training.artifacts import evaluate_checkpoint
+    from training.runner import PPORunner, build_config
+
+    cfg = build_config(
+        task,
+        [
+            f"run.seed={seed}",
+            f"run.total_steps={steps}",
+            "run.video=false",
+            "run.progress=false",
+            *extra,
+        ],
+    )
+    run_dir = out / f"{task}-s{seed}"
+    t0 = time.perf_counter()
+    runner = PPORunner(
+        cfg, run_dir, resume=run_dir if (run_dir / "checkpoints" / "latest.pt").exists() else None
+    )
+    runner.train()
+    wall = time.perf_counter() - t0
+    stats = evaluate_checkpoint(run_dir, None, episodes=10, seed=10_000 + seed)
+    return {"task": task, "seed": seed, "steps": runner.env_steps, "wall_s": wall, **stats}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--tasks", nargs="+", default=["halfcheetah", "hopper", "walker2d", "ant"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument("--out", default="runs/bench_ppo_quality")
+    p.add_argument("--json", default=None)
+    p.add_argument("overrides", nargs="*", help="section.field=value applied to every run")
+    a = p.parse_args()
+    out = Path(a.out)
+    rows = []
+    for task in a.tasks:
+        for seed in a.seeds:
+            r = run_one(task, seed, a.steps, out, a.overrides)
+            rows.append(r)
+            extra = (
+                f", tracking error {r['lin_vel_error_mean']:.3f} m/s"
+                if "lin_vel_error_mean" in r
+                else ""
+            )
+            print(
+                f"{task} seed {seed}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
+                f"{r['wall_s']:.0f} s{extra}",
+                flush=True,
+            )
+    print(f"\nmachine: {os.cpu_count()} CPUs; {a.steps:,} env steps per run, seeds {a.seeds}")
+    print(f"{'task':<12}{'median return':>15}{'median wall s':>15}{'RL Zoo PPO':>18}{'vs zoo':>9}")
+    for task in a.tasks:
+        rs = [r for r in rows if r["task"] == task]
+        med = statistics.median(r["return_mean"] for r in rs)
+        wall = statistics.median(r["wall_s"] for r in rs)
+        zoo = RL_ZOO_PPO.get(task)
+        zoo_s = f"{zoo[0]:.0f} ± {zoo[1]:.0f}" if zoo else "-"
+        ratio = f"{med / zoo[0]:.2f}x" if zoo else "-"
+        print(f"{task:<12}{med:>15.1f}{wall:>15.0f}{zoo_s:>18}{ratio:>9}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

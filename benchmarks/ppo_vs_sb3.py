@@ -1,0 +1,231 @@
+"""Our PPO against stable-baselines3's PPO on halfcheetah, in one run.
+
+(a) identical settings for both (envs, rollout length, epochs, minibatch size,
+    network, learning rate): env steps per second and return after the same steps.
+(b) each with its recommended settings (SB3: the RL Zoo's HalfCheetah PPO
+    hyperparameters; ours: the halfcheetah preset): wall time until each first
+    reaches the return SB3 has at the end of its budget.
+
+The SB3 side steps Gymnasium's own HalfCheetah-v5 in a DummyVecEnv (SB3's default
+vectorization), which our halfcheetah reproduces exactly.
+
+    python benchmarks/ppo_vs_sb3.py --steps-a 200000 --steps-b 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+SAME = dict(
+    num_envs=16,
+    n_steps=128,
+    n_epochs=10,
+    batch_size=256,
+    lr=3e-4,
+    hidden=(64, 64),
+    gamma=0.99,
+    lam=0.95,
+)
+
+
+def _eval_sb3(model, vecnorm=None, episodes: int = 10, seed: int = 100) -> float:
+    env = gym.make("HalfCheetah-v5")
+    rets = []
+    for ep in range(episodes):
+        obs, _ = env.reset(seed=seed + ep)
+        done, ret = False, 0.0
+        while not done:
+            o = vecnorm.normalize_obs(obs) if vecnorm is not None else obs
+            a, _ = model.predict(o, deterministic=True)
+            obs, r, term, trunc, _ = env.step(a)
+            ret += r
+            done = term or trunc
+        rets.append(ret)
+    return float(np.mean(rets))
+
+
+class _Curve:
+    """SB3 callback recording (time, steps, mean return of the last 20 episodes)."""
+
+    def __init__(self):
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        outer = self
+        self.points: list[tuple[float, int, float]] = []
+        self.returns: list[float] = []
+        self.t0 = time.perf_counter()
+
+        class CB(BaseCallback):
+            def _on_step(self) -> bool:
+                for info in self.locals["infos"]:
+                    if "episode" in info:
+                        outer.returns.append(info["episode"]["r"])
+                        outer.points.append(
+                            (
+                                time.perf_counter() - outer.t0,
+                                self.num_timesteps,
+                                float(np.mean(outer.returns[-20:])),
+                            )
+                        )
+                return True
+
+        self.cb = CB()
+
+
+def sb3_same(steps: int, seed: int) -> dict:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    torch.manual_seed(seed)
+    venv = make_vec_env("HalfCheetah-v5", n_envs=SAME["num_envs"], seed=seed)
+    model = PPO(
+        "MlpPolicy", venv, n_steps=SAME["n_steps"], batch_size=SAME["batch_size"], n_epochs=SAME["n_epochs"],
+        learning_rate=SAME["lr"], gamma=SAME["gamma"], gae_lambda=SAME["lam"], seed=seed, device="cpu",
+        policy_kwargs=dict(net_arch=dict(pi=list(SAME["hidden"]), vf=list(SAME["hidden"]))),
+    )  # fmt: skip
+    curve = _Curve()
+    t0 = time.perf_counter()
+    model.learn(steps, callback=curve.cb)
+    wall = time.perf_counter() - t0
+    return {"steps_per_s": steps / wall, "train_return": float(np.mean(curve.returns[-20:])),
+            "eval_return": _eval_sb3(model), "wall_s": wall}  # fmt: skip
+
+
+def ours_same(steps: int, seed: int, out: Path) -> dict:
+    from training.artifacts import evaluate_checkpoint
+    from training.runner import PPORunner, build_config
+
+    minibatches = SAME["num_envs"] * SAME["n_steps"] // SAME["batch_size"]
+    h = ",".join(map(str, SAME["hidden"]))
+    cfg = build_config("halfcheetah", [
+        f"env.num_envs={SAME['num_envs']}", f"ppo.num_steps={SAME['n_steps']}", f"ppo.num_epochs={SAME['n_epochs']}",
+        f"ppo.num_minibatches={minibatches}", f"ppo.lr={SAME['lr']}", "ppo.schedule=fixed",
+        f"ppo.gamma={SAME['gamma']}", f"ppo.lam={SAME['lam']}", f"policy.actor_hidden={h}", f"policy.critic_hidden={h}",
+        "policy.activation=tanh", "ppo.value_clip=none", "ppo.value_coef=0.5", "ppo.max_grad_norm=0.5",
+        f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false", "run.video=false",
+    ])  # fmt: skip
+    t0 = time.perf_counter()
+    runner = PPORunner(cfg, out / "same")
+    summary = runner.train()
+    wall = time.perf_counter() - t0
+    ev = evaluate_checkpoint(out / "same", None, episodes=10, seed=100)
+    return {"steps_per_s": runner.env_steps / wall, "train_return": summary["return"],
+            "eval_return": ev["return_mean"], "wall_s": wall}  # fmt: skip
+
+
+def sb3_zoo(steps: int, seed: int) -> dict:
+    """RL Zoo hyperparameters for HalfCheetah PPO (hyperparams/ppo.yml)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    venv = VecNormalize(make_vec_env("HalfCheetah-v5", n_envs=1, seed=seed), gamma=0.98)
+    model = PPO(
+        "MlpPolicy", venv, batch_size=64, n_steps=512, gamma=0.98, learning_rate=2.0633e-05,
+        ent_coef=0.000401762, clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8,
+        vf_coef=0.58096, seed=seed, device="cpu",
+        policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                           net_arch=dict(pi=[256, 256], vf=[256, 256])),
+    )  # fmt: skip
+    curve = _Curve()
+    model.learn(steps, callback=curve.cb)
+    venv.training = False
+    return {"curve": curve.points, "final_train_return": curve.points[-1][2] if curve.points else float("nan"),
+            "eval_return": _eval_sb3(model, venv)}  # fmt: skip
+
+
+def ours_preset(steps: int, seed: int, out: Path) -> dict:
+    from training.metrics import read_metrics
+    from training.runner import PPORunner, build_config
+
+    cfg = build_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
+                                       "run.video=false"])  # fmt: skip
+    t0 = time.perf_counter()
+    PPORunner(cfg, out / "preset").train()
+    wall = time.perf_counter() - t0
+    rows = read_metrics(out / "preset" / "metrics.jsonl")
+    # metrics carry per-iteration timings; their running sum is the training clock
+    clock, curve = 0.0, []
+    for r in rows:
+        clock += r["perf/rollout_seconds"] + r["perf/update_seconds"]
+        curve.append((clock, r["step"], r["train/return"]))
+    return {"curve": curve, "wall_s": wall}
+
+
+def first_reach(curve, target: float):
+    for t, step, ret in curve:
+        if ret >= target:
+            return t, step
+    return None, None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--steps-a", type=int, default=200_000)
+    p.add_argument("--steps-b", type=int, default=1_000_000, help="SB3's budget in (b)")
+    p.add_argument(
+        "--ours-steps-b", type=int, default=None, help="our budget in (b); default = steps-b"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench_ppo_vs_sb3")
+    p.add_argument("--parts", default="ab")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"machine": f"{os.cpu_count()} CPUs", "torch_threads": torch.get_num_threads()}
+    if "a" in a.parts:
+        ours = ours_same(a.steps_a, a.seed, out)
+        sb3 = sb3_same(a.steps_a, a.seed)
+        res["a"] = {"ours": ours, "sb3": sb3, "settings": SAME, "steps": a.steps_a}
+        print(f"(a) identical settings {SAME}, {a.steps_a:,} steps")
+        print(
+            f"    ours: {ours['steps_per_s']:,.0f} steps/s, train return {ours['train_return']:.0f}, "
+            f"eval {ours['eval_return']:.0f}"
+        )
+        print(
+            f"    sb3:  {sb3['steps_per_s']:,.0f} steps/s, train return {sb3['train_return']:.0f}, "
+            f"eval {sb3['eval_return']:.0f}"
+        )
+        print(
+            f"    speed ratio ours/sb3: {ours['steps_per_s'] / sb3['steps_per_s']:.1f}x", flush=True
+        )
+    if "b" in a.parts:
+        sb3 = sb3_zoo(a.steps_b, a.seed)
+        target = sb3["final_train_return"]
+        t_sb3, s_sb3 = first_reach(sb3["curve"], target)
+        ours = ours_preset(a.ours_steps_b or a.steps_b, a.seed, out)
+        t_ours, s_ours = first_reach(ours["curve"], target)
+        res["b"] = {"target": target, "sb3": {"t": t_sb3, "steps": s_sb3, "eval": sb3["eval_return"]},
+                    "ours": {"t": t_ours, "steps": s_ours}}  # fmt: skip
+        print(
+            f"(b) recommended settings; target = SB3's return at {a.steps_b:,} steps: {target:.0f}"
+        )
+        print(
+            f"    sb3 (RL Zoo hyperparameters): first reached after {t_sb3:.0f} s ({s_sb3:,} steps)"
+        )
+        if t_ours is None:
+            best = max(r for _, _, r in ours["curve"])
+            print(f"    ours (preset): never reached it; best training return {best:.0f}")
+        else:
+            print(
+                f"    ours (preset): first reached after {t_ours:.0f} s ({s_ours:,} steps); "
+                f"speedup {t_sb3 / t_ours:.1f}x",
+                flush=True,
+            )
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
