@@ -69,6 +69,21 @@ COUNTER_NAMES = (
 
 
 _any = np.logical_or.reduce  # ndarray.any() minus a Python-level wrapper
+_all = np.logical_and.reduce
+_max = np.maximum.reduce
+
+
+def _all_finite(x: np.ndarray, zeros: np.ndarray) -> bool:
+    """True if every element of the 1-D float ``x`` is finite (``x . 0`` is 0 or NaN).
+
+    A third of ``np.isfinite(x).all()``'s cost. An inf in ``x`` makes numpy flag an
+    invalid value: under ``np.seterr(all="raise")`` or warnings-as-errors that raises,
+    which counts as "not finite"; used only where non-finite values cannot occur.
+    """
+    try:
+        return math.isfinite(x.dot(zeros))
+    except (FloatingPointError, RuntimeWarning):
+        return False
 
 
 def _vector(name: str, value: Any, size: int | None = None) -> np.ndarray:
@@ -185,6 +200,12 @@ class SafetyLayer:
         self._abs = np.empty(n)
         self._ramp_start = np.empty(n)
         self._mask = np.empty(n, dtype=bool)
+        self._zeros = np.zeros(n)
+        # Hot-path shortcuts, decided once: without a finite per-step limit no step can
+        # be rate limited; with one limit for all joints a max() replaces a comparison.
+        self._rate_limit = bool(np.isfinite(self._delta).any())
+        d0 = float(self._delta[0])
+        self._uniform_delta = d0 if bool((self._delta == d0).all()) else None
         self._has_output = False
         self._active = False
         self._ramp_t0 = 0.0
@@ -286,8 +307,8 @@ class SafetyLayer:
             self._stale = False
             self._start_ramp(now_s)
 
-        obs_bad = obs is not None and not np.isfinite(obs).all()
-        target_bad = not np.isfinite(target).all()
+        obs_bad = obs is not None and not _all(np.isfinite(obs), axis=None)
+        target_bad = not _all(np.isfinite(target))
         if obs_bad or target_bad:
             c["nonfinite_obs"] += int(obs_bad)
             c["nonfinite_action"] += int(target_bad)
@@ -296,25 +317,28 @@ class SafetyLayer:
             return out.copy()  # the last output: within limits and rate-limited already
 
         try:
-            clamped, rate_limited = self._track(target, now_s)
+            clamped, rate_limited, exact = self._track(target, now_s)
         except (FloatingPointError, RuntimeWarning):
             # Only limits near the float range overflow; the caller made numpy raise
             # (np.seterr or warnings as errors). Nothing was committed: redo it quietly.
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                clamped, rate_limited = self._track(target, now_s)
+                clamped, rate_limited, exact = self._track(target, now_s)
         c["clamped"] += int(clamped)
         c["rate_limited"] += int(rate_limited)
-        if not np.isfinite(out).all():  # unreachable by construction; never send it
+        # An exact output is the clamp of the target checked finite above, within finite
+        # limits, so finite; anything else is checked (unreachable by construction).
+        if not exact and not _all_finite(out, self._zeros):
             return self._emit_posture()
         return out.copy()
 
-    def _track(self, target: np.ndarray, now_s: float) -> tuple[bool, bool]:
+    def _track(self, target: np.ndarray, now_s: float) -> tuple[bool, bool, bool]:
         """Clamp, ramp in and rate-limit ``target``; write the result to the output.
 
         The last output is read until the final clip writes it, so that a floating-point
         exception half-way leaves it untouched and the call can be repeated.
-        Returns whether the clamp and the rate limit intervened.
+        Returns whether the clamp and the rate limit intervened, and whether the output
+        is exactly the clamped target (no ramp blend, no rate limit).
         """
         out = self._out
         # Clamp the target first (see the module docstring); count it as "clamped".
@@ -324,6 +348,7 @@ class SafetyLayer:
         clamped = bool(_any(np.not_equal(goal, target, out=self._mask)))
 
         ramp = self.config.ramp_in_s
+        blended = False
         if ramp > 0:
             alpha = (now_s - self._ramp_t0) / ramp
             if not alpha >= 0.0:  # clock went backwards, or NaN
@@ -333,19 +358,32 @@ class SafetyLayer:
                 np.multiply(goal, alpha, out=goal)
                 np.multiply(self._ramp_start, 1.0 - alpha, out=self._step)
                 np.add(goal, self._step, out=goal)
+                blended = True
 
-        # Per-step change limit relative to the previous output.
-        step = self._step
-        np.subtract(goal, out, out=step)
-        np.abs(step, out=self._abs)
-        rate_limited = bool(_any(np.greater(self._abs, self._delta, out=self._mask)))
-        if rate_limited:
-            np.minimum(np.maximum(step, self._neg_delta, out=step), self._delta, out=step)
-            np.add(out, step, out=goal)
+        # Per-step change limit relative to the previous output. An infinite limit never
+        # intervenes (|step| > inf is False), so it is skipped; the step is never NaN
+        # (neither goal nor the last output is), so max(|step|) > d is the same test as
+        # any(|step| > d) when all joints share one limit.
+        rate_limited = False
+        if self._rate_limit:
+            step = self._step
+            np.subtract(goal, out, out=step)
+            np.abs(step, out=self._abs)
+            if self._uniform_delta is not None:
+                rate_limited = bool(_max(self._abs) > self._uniform_delta)
+            else:
+                rate_limited = bool(_any(np.greater(self._abs, self._delta, out=self._mask)))
+            if rate_limited:
+                np.minimum(np.maximum(step, self._neg_delta, out=step), self._delta, out=step)
+                np.add(out, step, out=goal)
 
-        # Guards rounding at the limits and an overflow to inf with huge limits.
-        np.minimum(np.maximum(goal, self._lower, out=out), self._upper, out=out)
-        return clamped, rate_limited
+        if blended or rate_limited:
+            # Guards rounding at the limits and an overflow to inf with huge limits.
+            np.minimum(np.maximum(goal, self._lower, out=out), self._upper, out=out)
+        else:
+            # goal is the clamped target itself, inside the limits: the clamp is a no-op
+            np.copyto(out, goal)
+        return clamped, rate_limited, not (blended or rate_limited)
 
     # ------------------------------------------------------------------ helpers
     def _emit_posture(self) -> np.ndarray:

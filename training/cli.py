@@ -98,6 +98,14 @@ def _cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         from training.grpo.cli import main as grpo_main
 
         return grpo_main(rest)
+    if args.algo == "bc":
+        from training.dppo_runner import train_bc_cli
+
+        return train_bc_cli(rest)
+    if args.algo == "dppo":
+        from training.dppo_runner import train_dppo_cli
+
+        return train_dppo_cli(rest)
     raise SystemExit(f"unknown algorithm {args.algo!r}")
 
 
@@ -129,6 +137,37 @@ def _cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="sim2real export",
+        description="Export a run's policy to ONNX with its deployment metadata; the file "
+        "is checked against torch (parity) and loaded with the robot-side runtime.",
+    )
+    p.add_argument("source", help="run directory or checkpoint file")
+    p.add_argument("--out", default=None, help="output file (default: <run-dir>/policy.onnx)")
+    p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    a = p.parse_args(rest)
+    from deploy.export import ExportError, export_checkpoint, read_parity
+    from deploy.metadata import PolicyLoadError
+
+    try:
+        path = export_checkpoint(a.source, a.out, opset=a.opset)
+        parity = read_parity(path)
+    except (ExportError, PolicyLoadError) as e:
+        print(f"sim2real export: error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    figure = "not recorded" if parity is None else f"{parity:.3g}"
+    print(f"parity: max |onnx - torch| = {figure} on random observations")
+    return 0
+
+
+def _cmd_collect(args: argparse.Namespace, rest: list[str]) -> int:
+    from training.demos import main as collect_main
+
+    return collect_main(rest)
+
+
 def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
     from training.artifacts import demo
 
@@ -142,8 +181,14 @@ COMMANDS = {
         "train a policy: sim2real train ppo --task <task> [section.field=value ...]",
     ),
     "eval": (_cmd_eval, "evaluate a run directory, checkpoint or ONNX policy"),
+    "export": (_cmd_export, "export a run's policy to ONNX: sim2real export <run-dir> [--out f]"),
     "bench": (_cmd_bench, "run a benchmark: sim2real bench sim"),
     "demo": (_cmd_demo, "train, export and evaluate on the built-in default"),
+    "collect": (
+        _cmd_collect,
+        "record demonstrations: sim2real collect <checkpoint|policy.onnx> --task <task> "
+        "--episodes N [--noise S]",
+    ),
 }
 
 
@@ -155,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, help_) in COMMANDS.items():
         s = sub.add_parser(name, help=help_, add_help=name == "tasks")
         if name == "train":
-            s.add_argument("algo", choices=["ppo", "grpo"])
+            s.add_argument("algo", choices=["ppo", "grpo", "bc", "dppo"])
         elif name == "bench":
             s.add_argument("what", choices=["sim"])
     return p

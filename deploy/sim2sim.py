@@ -1,0 +1,266 @@
+"""sim2sim: run an exported ONNX policy in our simulator through the deployment path.
+
+The file is loaded with :class:`deploy.runtime.OnnxPolicy` (onnxruntime, no torch) and
+every env's action passes through its own :class:`deploy.safety.SafetyLayer`, as on the
+robot; the episode statistics come from :func:`training.evaluate.evaluate`, the function
+that evaluates checkpoints, so the two reports are the same numbers computed the same
+way.
+
+Action conventions. The network outputs a raw action; the joint target is
+``action_offset + action_scale * raw`` (position-controlled robots), and for the
+torque-controlled Gymnasium tasks (scale 1, offset 0, limits = action bounds, see
+:func:`deploy.export.metadata_from_checkpoint`) the target is the actuator command
+itself. The safety layer works on targets; the simulator, like the training loop, takes
+the raw action (the quadruped maps it to PD targets itself), so the filtered target is
+turned back into a raw action before the step.
+
+By default sim2sim disables the ramp-in and the rate limit, so that on the same seeds
+the closed-loop return equals the checkpoint's; the clamps, non-finite checks and the
+watchdog stay on. ``strict_safety=True`` uses the metadata's defaults (what the robot
+runs), to see what they cost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from deploy.metadata import PolicyLoadError, PolicyMetadata
+from deploy.runtime import OnnxPolicy
+from deploy.safety import COUNTER_NAMES, SafetyConfig, SafetyLayer
+
+__all__ = ["Sim2SimActor", "Sim2SimError", "Sim2SimLoadError", "evaluate_onnx", "make_env_for"]
+
+
+class Sim2SimError(ValueError):
+    """The policy file does not fit the task it is asked to run on."""
+
+
+class Sim2SimLoadError(PolicyLoadError, ValueError):
+    """A :class:`PolicyLoadError` that is also a ValueError, so the CLI reports it cleanly."""
+
+
+def _sim_config(meta: PolicyMetadata, *, strict: bool) -> SafetyConfig:
+    overrides: dict[str, Any] = {}
+    if not strict:
+        overrides.update(ramp_in_s=0.0, max_delta_per_step=math.inf)
+    if meta.extra.get("control_mode") == "torque":
+        # a torque robot's safe command is no torque, not its default joint positions
+        overrides["safe_posture"] = np.zeros(meta.num_joints)
+    return SafetyConfig.from_metadata(meta, **overrides)
+
+
+class Sim2SimActor:
+    """``act(obs, reset_mask) -> actions`` for :func:`training.evaluate.evaluate`.
+
+    Feeds the env's policy observation group (history frames already stacked by the
+    env) to :meth:`OnnxPolicy.act_batch`, carries the recurrent state (zeroed for envs
+    whose episode restarts), and passes each env's target through its own safety layer,
+    activated at the start of every episode. Safety counters summed over envs are in
+    :attr:`counters`.
+    """
+
+    def __init__(
+        self,
+        policy: OnnxPolicy,
+        num_envs: int,
+        control_period_s: float,
+        *,
+        safety: bool = True,
+        strict_safety: bool = False,
+    ) -> None:
+        meta = policy.metadata
+        self.policy = policy
+        self.num_envs = int(num_envs)
+        self.dt = float(control_period_s)
+        self._offset = np.asarray(meta.action_offset, dtype=np.float64)
+        self._scale = np.asarray(meta.action_scale, dtype=np.float64)
+        self._invertible = self._scale != 0.0
+        self._safe_scale = np.where(self._invertible, self._scale, 1.0)
+        self.state = policy.initial_state(self.num_envs)
+        self.layers: list[SafetyLayer] | None = None
+        if safety:
+            config = _sim_config(meta, strict=strict_safety)
+            self.layers = [SafetyLayer(config) for _ in range(self.num_envs)]
+        self._t = np.zeros(self.num_envs)
+        self._retired = dict.fromkeys(COUNTER_NAMES, 0)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Safety-layer intervention counts, summed over envs and episodes."""
+        total = dict(self._retired)
+        for layer in self.layers or ():
+            for key, value in layer.counters.items():
+                total[key] += value
+        return total
+
+    def __call__(self, obs: dict[str, Any], reset_mask: Any) -> np.ndarray:
+        x = _numpy(obs["policy"]).astype(np.float32, copy=False)
+        reset = _numpy(reset_mask).astype(bool).reshape(-1)
+        for buf in self.state.values():
+            buf[reset] = 0.0
+        raw, next_state = self.policy.act_batch(x, self.state)
+        if next_state:
+            self.state = next_state
+        if self.layers is None:
+            return raw
+        targets = self._offset + self._scale * raw.astype(np.float64)
+        out = np.empty_like(targets)
+        for i in range(self.num_envs):
+            if reset[i]:
+                # a new episode: a fresh layer, so nothing of the last episode carries over
+                for key, value in self.layers[i].counters.items():
+                    self._retired[key] += value
+                self.layers[i] = SafetyLayer(self.layers[i].config)
+                self._t[i] = 0.0
+                self.layers[i].activate(0.0)
+            else:
+                self._t[i] += self.dt
+            layer, now = self.layers[i], self._t[i]
+            layer.observe(now)
+            out[i] = layer.filter(x[i], targets[i], now)
+        # back to the env's convention: the raw action whose target is the filtered one
+        safe_raw = np.where(self._invertible, (out - self._offset) / self._safe_scale, raw)
+        return safe_raw.astype(np.float32)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor from the simulator
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def make_env_for(meta: PolicyMetadata, task: str | None, num_envs: int, seed: int, randomize: bool):
+    """The simulator the policy runs in, checked against the file's metadata."""
+    from sim.randomization import SimToRealConfig
+    from sim.registry import make
+
+    task = task or meta.task
+    if not task:
+        raise Sim2SimError("the policy's metadata names no task; pass --task")
+    kwargs: dict[str, Any] = {}
+    max_steps = meta.extra.get("max_episode_steps", "")
+    if max_steps:
+        kwargs["max_episode_steps"] = int(max_steps)
+    env = make(
+        task,
+        num_envs,
+        seed=seed,
+        device="cpu",
+        s2r=None if randomize else SimToRealConfig(),
+        **kwargs,
+    )
+    try:
+        _check_env(meta, env, task)
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def _check_env(meta: PolicyMetadata, env: Any, task: str) -> None:
+    group = env.observation_spec.policy
+    if group.size != meta.obs_size:
+        raise Sim2SimError(
+            f"observation size mismatch: the policy file expects obs of size {meta.obs_size} "
+            f"(frame {meta.obs_frame_size} x history {meta.obs_history_length}), but task "
+            f"{task!r} gives {group.size} (frame {group.frame_size} x history {group.history})"
+        )
+    env_terms = [(t.name, t.size) for t in group.terms]
+    if env_terms != [tuple(t) for t in meta.obs_terms] or group.history != meta.obs_history_length:
+        raise Sim2SimError(
+            f"observation layout mismatch: the policy file expects terms {meta.obs_terms} x "
+            f"history {meta.obs_history_length}, task {task!r} gives {env_terms} x history "
+            f"{group.history}"
+        )
+    if env.action_spec.size != meta.num_joints:
+        raise Sim2SimError(
+            f"action size mismatch: the policy file drives {meta.num_joints} joints, task "
+            f"{task!r} takes {env.action_spec.size} actions"
+        )
+    if list(env.action_spec.joint_names) != list(meta.action_joint_names):
+        raise Sim2SimError(
+            f"joint order mismatch: the policy file drives {meta.action_joint_names}, task "
+            f"{task!r} has {list(env.action_spec.joint_names)}"
+        )
+
+
+def evaluate_onnx(
+    path: str | os.PathLike[str],
+    task: str | None = None,
+    episodes: int = 10,
+    seed: int = 0,
+    randomize: bool = False,
+    safety: bool = True,
+    *,
+    strict_safety: bool = False,
+    counters: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """Evaluate an exported policy file in the simulator; the checkpoint's statistics.
+
+    Returns ``{"task", "source", "randomize", **training.evaluate.evaluate(...)}``, the
+    keys of :func:`training.artifacts.evaluate_checkpoint`. The task is the metadata's
+    unless given. ``randomize`` turns on the task's sim-to-real defaults (domain
+    randomization, observation noise, action latency, pushes). If ``counters`` is a
+    dict, the summed safety-layer counts are written into it.
+
+    Raises FileNotFoundError for a missing file, :class:`Sim2SimLoadError` (a
+    PolicyLoadError) for a file onnxruntime cannot load, MetadataError for bad metadata
+    and :class:`Sim2SimError` when the file does not fit the task.
+    """
+    from training.evaluate import evaluate
+
+    try:
+        policy = OnnxPolicy(path, deterministic=True)
+    except PolicyLoadError as exc:
+        raise Sim2SimLoadError(str(exc)) from exc
+    meta = policy.metadata
+    env = make_env_for(meta, task, episodes, seed, randomize)
+    try:
+        if not math.isclose(env.dt, meta.control_period_s, rel_tol=1e-9):
+            raise Sim2SimError(
+                f"control period mismatch: the policy runs at {meta.control_period_s} s, task "
+                f"{env.name!r} at {env.dt} s"
+            )
+        actor = Sim2SimActor(
+            policy, env.num_envs, env.dt, safety=safety, strict_safety=strict_safety
+        )
+        stats = evaluate(actor, env, episodes)
+    finally:
+        env.close()
+    if counters is not None:
+        counters.update(actor.counters)
+    return {"task": task or meta.task, "source": str(path), "randomize": randomize, **stats}
+
+
+def _main(argv: list[str] | None = None) -> int:  # python -m deploy.sim2sim, for debugging
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m deploy.sim2sim")
+    p.add_argument("policy")
+    p.add_argument("--task", default=None)
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--randomize", action="store_true")
+    p.add_argument("--strict-safety", action="store_true")
+    a = p.parse_args(argv)
+    counters: dict[str, int] = {}
+    stats = evaluate_onnx(
+        a.policy,
+        a.task,
+        a.episodes,
+        a.seed,
+        a.randomize,
+        strict_safety=a.strict_safety,
+        counters=counters,
+    )
+    print(json.dumps({**stats, "safety": counters}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())
