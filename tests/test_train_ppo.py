@@ -152,3 +152,20 @@ def test_ddp_two_processes_keep_identical_parameters(tmp_path):
         assert torch.equal(r0["policy"][k], r1["policy"][k]), k
     # the ranks saw different experience (seeded apart), yet hold one model
     assert not torch.equal(r0["obs"]["policy"], r1["obs"]["policy"])
+
+
+def test_recurrent_checkpoint_evaluates(tmp_path):
+    _train(
+        tmp_path,
+        "lstm",
+        "cartpole",
+        [
+            "env.num_envs=4",
+            "ppo.num_steps=8",
+            "run.total_steps=64",
+            "policy.rnn_type=lstm",
+            "policy.rnn_hidden=8",
+        ],
+    )
+    stats = evaluate_checkpoint(tmp_path / "lstm", None, episodes=3)
+    assert stats["completed"] == 3 and stats["length_mean"] >= 1

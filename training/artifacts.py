@@ -20,20 +20,22 @@ from training.evaluate import evaluate
 
 
 class TorchActor:
-    """Deterministic actor from a policy's inference module, with recurrent state."""
+    """Deterministic actor from a policy's inference module, with recurrent state.
+
+    The module's state tensors are [layers, envs, hidden]; envs that start a new
+    episode get their slice zeroed.
+    """
 
     def __init__(self, policy, num_envs: int, device: torch.device):
         self.module = policy.inference_module().to(device).eval()
-        self.state_shapes = list(getattr(self.module, "state_shapes", []))
-        self.state = [torch.zeros(num_envs, *s, device=device) for s in self.state_shapes]
+        self.state = [s.to(device) for s in self.module.initial_state(num_envs)]
 
     def __call__(self, obs: dict[str, torch.Tensor], reset: torch.Tensor) -> torch.Tensor:
         x = obs["policy"].float()
         if not self.state:
             return self.module(x)
-        keep = (~reset).float().view(-1, *([1] * (self.state[0].dim() - 1)))
-        self.state = [s * keep for s in self.state]
-        out = self.module(x, *self.state)
+        keep = (~reset).to(x.dtype).view(1, -1, 1)
+        out = self.module(x, *(s * keep for s in self.state))
         self.state = list(out[1:])
         return out[0]
 

@@ -57,8 +57,15 @@ class RunConfig:
     video_seconds: float = 8.0
     tensorboard: bool = True
     progress: bool = True
+    # torch threads on the CPU: the simulator runs its own thread pool, and small
+    # networks gain nothing from more threads but lose a lot when cores are contended
+    torch_threads: int = 1
 
     def __post_init__(self) -> None:
+        if self.torch_threads < 0:
+            raise ValueError(
+                f"run.torch_threads must be >= 0 (0: torch's default), got {self.torch_threads}"
+            )
         if self.total_steps < 1:
             raise ValueError(f"run.total_steps must be >= 1, got {self.total_steps}")
         if self.checkpoint_every < 1:
@@ -179,6 +186,8 @@ class PPORunner:
         if self.device.type == "cuda" and self.distributed:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self.is_main = self.rank == 0
+        if self.device.type == "cpu" and cfg.run.torch_threads:
+            torch.set_num_threads(cfg.run.torch_threads)
         seed = cfg.run.seed + 1000 * self.rank
         torch.manual_seed(seed)
         self.env = make_env(cfg, seed=seed)
