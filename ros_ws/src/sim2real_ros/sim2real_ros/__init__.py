@@ -1,0 +1,7 @@
+"""sim2real's ROS 2 package: a policy node for the robot and a simulated robot node.
+
+Importing the package (and :mod:`sim2real_ros.observation`, :mod:`sim2real_ros.controller`,
+:mod:`sim2real_ros.ros_env`) needs no ROS; the node modules need rclpy and the messages.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,455 @@
+"""The policy node: an exported ONNX policy driving a robot's joints over ROS 2.
+
+A lifecycle node (``rclpy.lifecycle``):
+
+- **configure**: load the policy file (``policy_path``) through ``deploy.runtime``, check
+  it (metadata, a position-controlled policy, every observation term computable from
+  ROS messages), build the safety layer, subscribe to the sensors and the command,
+  create the publishers. Any problem -> the transition fails with the reason logged.
+- **activate**: needs fresh sensor data (refused otherwise); resets the policy's
+  history and recurrent state and starts sending its targets, ramped in from the
+  measured joint positions.
+- **deactivate**: the safe posture (the policy's default joint positions), sent from
+  then on at the control rate until cleanup, so that a robot with a command timeout
+  keeps standing.
+- **cleanup**/**shutdown**: everything is released.
+
+Before the first activation nothing is published: configuring must not move a robot.
+
+Topics (names are parameters, relative to the node's namespace):
+
+=================================  ==========================================  ===========
+``joint_states``                   ``sensor_msgs/JointState`` (joints by name)  in
+``imu/data``                       ``sensor_msgs/Imu``                          in
+``cmd_vel``                        ``geometry_msgs/Twist`` (vx, vy, yaw rate)   in
+``forward_position_controller/``   ``std_msgs/Float64MultiArray``: joint        out
+``commands``                       position targets in the policy's joint
+                                   order (ros2_control's forward command
+                                   controller)
+``joint_trajectory`` (optional)    ``trajectory_msgs/JointTrajectory``          out
+``diagnostics``                    ``diagnostic_msgs/DiagnosticArray``: loop    out
+                                   rate, jitter, latency, safety counters
+=================================  ==========================================  ===========
+
+The loop runs on a timer at the policy's control rate (``control_rate_hz`` overrides
+it), or, with ``trigger: joint_states``, on every fresh JointState (the robot's state
+publisher sets the pace; a timer at the control rate still runs the watchdog). Latency
+is measured from the JointState's ``header.stamp`` to the publication of the command.
+
+Run: ``ros2 launch sim2real_ros policy.launch.py policy:=/path/policy.onnx``, or
+``python -m sim2real_ros.policy_node --ros-args --params-file config/policy.yaml -p
+policy_path:=/path/policy.onnx``.
+"""
+
+from __future__ import annotations
+
+import array
+import gc
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from geometry_msgs.msg import Twist
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Imu, JointState
+from std_msgs.msg import Float64MultiArray, MultiArrayDimension
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
+from sim2real_ros.ros_env import set_realtime, spin
+
+NODE_NAME = "sim2real_policy"
+
+# Sensor input: best effort, keep the latest (a best-effort subscription also matches a
+# reliable publisher). Commands out: reliable, what ros2_control's controllers expect.
+SENSOR_QOS = QoSProfile(
+    depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST
+)
+COMMAND_QOS = QoSProfile(
+    depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST
+)
+
+PARAMETERS: dict[str, Any] = {
+    "policy_path": "",
+    "joint_states_topic": "joint_states",
+    "imu_topic": "imu/data",
+    "cmd_vel_topic": "cmd_vel",
+    "command_topic": "forward_position_controller/commands",
+    "publish_trajectory": False,
+    "trajectory_topic": "joint_trajectory",
+    "diagnostics_topic": "diagnostics",
+    "diagnostics_period_s": 1.0,
+    "control_rate_hz": 0.0,
+    "trigger": "timer",
+    "watchdog_timeout_s": 0.0,
+    "ramp_in_s": 1.0,
+    "max_target_speed": 20.0,
+    "hold_last_on_fault": True,
+    "command_timeout_s": 0.5,
+    "command_limits": [1.0, 0.5, 1.0],
+    "intra_op_threads": 1,
+    "autostart": "configure",
+    "rt_priority": 0,
+    "timing_log": "",
+}
+"""Parameter names and defaults (``config/policy.yaml`` documents each)."""
+
+AUTOSTART = ("none", "configure", "activate")
+TRIGGERS = ("timer", "joint_states")
+
+
+def _stamp_s(msg: Any) -> float:
+    s = msg.header.stamp
+    return s.sec + s.nanosec * 1e-9
+
+
+class PolicyNode(LifecycleNode):
+    """See the module docstring."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(NODE_NAME, **kwargs)
+        for name, default in PARAMETERS.items():
+            self.declare_parameter(name, default)
+        self.controller: PolicyController | None = None
+        self.stats: LoopStats | None = None
+        self._js: JointState | None = None
+        self._imu: Imu | None = None
+        self._t_js: float | None = None
+        self._t_imu: float | None = None
+        self._started = False  # published anything since configure
+        self._last_tick = -math.inf
+        self._io_entities: list[Any] = []
+        self._loop_timers: list[Any] = []
+        self._autostart_timer = None
+        self._log_errors_after = 0.0
+        mode = self._param("autostart")
+        if mode not in AUTOSTART:
+            self.get_logger().error(f"autostart must be one of {AUTOSTART}, got {mode!r}")
+            mode = "none"
+        self._autostart = mode
+        if mode != "none":
+            # after the executor starts spinning (transitions need the node registered)
+            self._autostart_timer = self.create_timer(0.05, self._autostart_step)
+
+    # ------------------------------------------------------------------ parameters
+    def _param(self, name: str) -> Any:
+        return self.get_parameter(name).value
+
+    # ------------------------------------------------------------------ autostart
+    def _autostart_step(self) -> None:
+        state = self._state_machine.current_state[1]
+        if state == "unconfigured":
+            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
+                self.get_logger().error("autostart: configure failed; not retrying")
+                self._stop_autostart()
+                return
+            if self._autostart == "configure":
+                self._stop_autostart()
+        elif state == "inactive" and self._autostart == "activate":
+            if self._fresh(time.monotonic()):
+                self.trigger_activate()
+                self._stop_autostart()
+        else:
+            self._stop_autostart()
+
+    def _stop_autostart(self) -> None:
+        if self._autostart_timer is not None:
+            self.destroy_timer(self._autostart_timer)
+            self._autostart_timer = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        log = self.get_logger()
+        trigger = self._param("trigger")
+        if trigger not in TRIGGERS:
+            log.error(f"configure failed: trigger must be one of {TRIGGERS}, got {trigger!r}")
+            return TransitionCallbackReturn.FAILURE
+        try:
+            rate = float(self._param("control_rate_hz"))
+            self.controller = PolicyController(
+                self._param("policy_path"),
+                control_period_s=1.0 / rate if rate > 0 else None,
+                watchdog_timeout_s=float(self._param("watchdog_timeout_s")) or None,
+                ramp_in_s=float(self._param("ramp_in_s")),
+                max_target_speed=float(self._param("max_target_speed")),
+                hold_last_on_fault=bool(self._param("hold_last_on_fault")),
+                command_timeout_s=float(self._param("command_timeout_s")),
+                command_limits=list(self._param("command_limits")),
+                intra_op_threads=int(self._param("intra_op_threads")),
+            )
+        except (ConfigureError, ValueError, TypeError) as exc:
+            log.error(f"configure failed: {exc}")
+            self.controller = None
+            return TransitionCallbackReturn.FAILURE
+        c = self.controller
+        meta = c.metadata
+        if rate > 0 and not math.isclose(1.0 / rate, meta.control_period_s, rel_tol=1e-6):
+            log.warning(
+                f"control_rate_hz={rate:g} overrides the policy's trained rate "
+                f"{1.0 / meta.control_period_s:g} Hz"
+            )
+        timing_log = str(self._param("timing_log"))
+        capacity = int(600.0 / c.control_period_s) if timing_log else 0  # up to 10 min
+        self.stats = LoopStats(c.control_period_s, log_capacity=capacity)
+        self._needs_imu = c.assembler.needs_imu
+        self._js = self._imu = None
+        self._t_js = self._t_imu = None
+        self._started = False
+
+        self._cmd_msg = Float64MultiArray()
+        self._cmd_msg.layout.dim = [
+            MultiArrayDimension(label="joints", size=c.num_joints, stride=c.num_joints)
+        ]
+        self._cmd_pub = self.create_publisher(
+            Float64MultiArray, self._param("command_topic"), COMMAND_QOS
+        )
+        self._traj_pub = None
+        if self._param("publish_trajectory"):
+            self._traj_msg = JointTrajectory(joint_names=list(c.joint_names))
+            self._traj_point = JointTrajectoryPoint()
+            period_ns = int(round(c.control_period_s * 1e9))
+            self._traj_point.time_from_start.sec = period_ns // 1_000_000_000
+            self._traj_point.time_from_start.nanosec = period_ns % 1_000_000_000
+            self._traj_pub = self.create_publisher(
+                JointTrajectory, self._param("trajectory_topic"), COMMAND_QOS
+            )
+        self._diag_pub = self.create_publisher(
+            DiagnosticArray, self._param("diagnostics_topic"), 10
+        )
+        on_js = self._on_joint_state_trigger if trigger == "joint_states" else self._on_joint_state
+        self._io_entities = [
+            self._cmd_pub,
+            self._diag_pub,
+            self.create_subscription(
+                JointState, self._param("joint_states_topic"), on_js, SENSOR_QOS
+            ),
+            self.create_subscription(Twist, self._param("cmd_vel_topic"), self._on_twist, 10),
+        ]
+        if self._traj_pub is not None:
+            self._io_entities.append(self._traj_pub)
+        if self._needs_imu:
+            self._io_entities.append(
+                self.create_subscription(Imu, self._param("imu_topic"), self._on_imu, SENSOR_QOS)
+            )
+        self._trigger = trigger
+        # On a timer: the loop. On JointStates: only a backstop that sends the safe
+        # posture when they stop, at a quarter of the watchdog timeout (a timer at the
+        # control rate would cost an executor wake-up per period for nothing).
+        period = c.control_period_s
+        if trigger == "joint_states":
+            period = max(period, c.safety.config.watchdog_timeout_s / 4)
+        self._loop_timers = [
+            self.create_timer(period, self._on_timer),
+            self.create_timer(
+                float(self._param("diagnostics_period_s")), self._publish_diagnostics
+            ),
+        ]
+        self._set_rt_priority(int(self._param("rt_priority")))
+        # Garbage collection off the control path: what exists now is frozen (never
+        # scanned again), the automatic collector is off, and the diagnostics timer
+        # collects once per period (cycles live at most that long; ~0.05 ms measured).
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        log.info(
+            f"configured: policy {c.metadata.run_id or '?'} ({c.policy.path}), task "
+            f"{meta.task!r}, {c.num_joints} joints, obs terms {[n for n, _ in meta.obs_terms]}, "
+            f"{1.0 / c.control_period_s:g} Hz ({trigger}), watchdog "
+            f"{c.safety.config.watchdog_timeout_s * 1e3:.0f} ms"
+        )
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        c = self.controller
+        now = time.monotonic()
+        if c is None:
+            return TransitionCallbackReturn.FAILURE
+        if not self._fresh(now):
+            self.get_logger().error(
+                "activate refused: no fresh sensor data (JointState"
+                + (" and Imu" if self._needs_imu else "")
+                + f" within {c.safety.config.watchdog_timeout_s:.3f} s)"
+            )
+            return TransitionCallbackReturn.FAILURE
+        c.activate(now, self._js)
+        self._started = True
+        self.get_logger().info(f"activated: ramp-in {c.safety.config.ramp_in_s:g} s")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        if self.controller is not None:
+            self.controller.deactivate()
+            self._step(time.monotonic())  # the safe posture now, not at the next tick
+        self.get_logger().info("deactivated: holding the safe posture")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        gc.enable()
+        self.save_timing_log()
+        for t in self._loop_timers:
+            self.destroy_timer(t)
+        for e in self._io_entities:
+            if hasattr(e, "publish"):
+                self.destroy_publisher(e)
+            else:
+                self.destroy_subscription(e)
+        self._loop_timers, self._io_entities = [], []
+        self.controller = None
+        self._started = False
+
+    def on_exit(self) -> None:
+        """Called by :func:`spin` when the process stops: keep the timing log."""
+        self.save_timing_log()
+
+    def save_timing_log(self) -> None:
+        path = str(self._param("timing_log"))
+        if path and self.stats is not None:
+            self.stats.save(path)
+
+    # ------------------------------------------------------------------ inputs
+    def _on_joint_state(self, msg: JointState) -> None:
+        self._js = msg
+        self._t_js = time.monotonic()
+
+    def _on_joint_state_trigger(self, msg: JointState) -> None:
+        self._js = msg
+        now = self._t_js = time.monotonic()
+        if self._started:
+            self._step(now)
+
+    def _on_imu(self, msg: Imu) -> None:
+        self._imu = msg
+        self._t_imu = time.monotonic()
+
+    def _on_twist(self, msg: Twist) -> None:
+        c = self.controller
+        if c is not None:
+            c.set_command(msg.linear.x, msg.linear.y, msg.angular.z, time.monotonic())
+
+    def _sensor_time(self) -> float | None:
+        t = self._t_js
+        if self._needs_imu:
+            if t is None or self._t_imu is None:
+                return None
+            t = min(t, self._t_imu)
+        return t
+
+    def _fresh(self, now: float) -> bool:
+        c = self.controller
+        t = self._sensor_time()
+        if c is None or t is None or self._js is None:
+            return False
+        if now - t > c.safety.config.watchdog_timeout_s:
+            return False
+        try:
+            frame = c.assembler.assemble(self._js, self._imu, c.command, c.last_action)
+        except ValueError:
+            return False
+        return bool(np.isfinite(frame).all())
+
+    # ------------------------------------------------------------------ the loop
+    def _on_timer(self) -> None:
+        if not self._started:
+            return
+        now = time.monotonic()
+        if self._trigger == "joint_states" and now - self._last_tick < 1.5 * (
+            self.controller.control_period_s
+        ):
+            return  # the JointStates drive the loop; this timer covers their absence
+        self._step(now)
+
+    def _step(self, now: float) -> None:
+        c = self.controller
+        js = self._js
+        wall_tick = time.time()
+        out = c.step(js, self._imu, self._sensor_time(), now)
+        msg = self._cmd_msg
+        data = array.array("d")
+        data.frombytes(out.tobytes())
+        msg.data = data
+        self._cmd_pub.publish(msg)
+        wall = time.time()
+        if self._traj_pub is not None:
+            self._traj_point.positions = data
+            self._traj_msg.points = [self._traj_point]
+            self._traj_pub.publish(self._traj_msg)
+        self._last_tick = now
+        stamp = _stamp_s(js) if js is not None else None
+        self.stats.record(now, time.monotonic(), wall, stamp, wall_tick)
+        if c.last_error and now > self._log_errors_after:
+            self.get_logger().error(f"bad observation: {c.last_error}")
+            self._log_errors_after = now + 1.0
+
+    # ------------------------------------------------------------------ diagnostics
+    def _publish_diagnostics(self) -> None:
+        gc.collect()
+        c, stats = self.controller, self.stats
+        if c is None or stats is None:
+            return
+        summary = stats.summary()
+        counters = {**c.safety.counters, **c.counters}
+        status = DiagnosticStatus()
+        status.name = f"{self.get_name()}: policy loop"
+        status.hardware_id = c.metadata.task or "robot"
+        state = self._state_machine.current_state[1]
+        status.level = DiagnosticStatus.OK
+        status.message = f"{state}"
+        now = time.monotonic()
+        if self._started and not self._fresh(now):
+            status.level = DiagnosticStatus.ERROR
+            status.message = f"{state}: sensor data stale or invalid (safe posture)"
+        elif self._started and c.active:
+            rate = summary.get("rate_hz", math.nan)
+            if not rate >= 0.9 / c.control_period_s:
+                status.level = DiagnosticStatus.WARN
+                status.message = f"{state}: loop at {rate:.1f} Hz < 90% of target"
+        values = {
+            "state": state,
+            "policy": c.policy.path,
+            "run_id": c.metadata.run_id,
+            "target_rate_hz": f"{1.0 / c.control_period_s:.3f}",
+            "command": ",".join(f"{v:.3f}" for v in c.command),
+        }
+        values.update({k: f"{v:.4g}" for k, v in summary.items()})
+        values.update({f"safety.{k}": str(v) for k, v in counters.items()})
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
+        msg = DiagnosticArray()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.status = [status]
+        self._diag_pub.publish(msg)
+
+    # ------------------------------------------------------------------ helpers
+    def _set_rt_priority(self, priority: int) -> None:
+        if priority > 0:
+            problem = set_realtime(priority)
+            if problem:
+                self.get_logger().warning(problem)
+            else:
+                self.get_logger().info(f"SCHED_FIFO priority {priority} (all threads)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    rclpy.init(args=sys.argv if argv is None else argv)
+    spin(PolicyNode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
