@@ -83,7 +83,29 @@ def evaluate_source(
         from deploy.sim2sim import evaluate_onnx
 
         return evaluate_onnx(source, task=task, episodes=episodes, seed=seed, randomize=randomize)
+    if checkpoint_kind(source) in DIFFUSION_KINDS:
+        from training.dppo_runner import evaluate_diffusion, load_diffusion_checkpoint
+
+        if randomize:
+            raise ValueError(
+                "--randomize is not supported for diffusion checkpoints; export and use sim2sim"
+            )
+        policy, cfg, _ = load_diffusion_checkpoint(source)
+        if task is not None and task != cfg.env.task:
+            raise CheckpointError(
+                f"{source} holds a policy for task {cfg.env.task!r}, not {task!r}"
+            )
+        stats = evaluate_diffusion(policy, cfg, episodes, seed=seed, deterministic=False)
+        return {"task": cfg.env.task, "source": str(source), "randomize": False, **stats}
     return evaluate_checkpoint(source, task, episodes, seed, randomize)
+
+
+DIFFUSION_KINDS = ("diffusion_bc", "dppo")
+
+
+def checkpoint_kind(source: str | os.PathLike) -> str | None:
+    """The `kind` a run directory's or checkpoint file's checkpoint declares."""
+    return load_checkpoint(find_checkpoint(source)).get("kind")
 
 
 def record_video(

@@ -149,9 +149,15 @@ def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
     a = p.parse_args(rest)
     from deploy.export import ExportError, export_checkpoint, read_parity
     from deploy.metadata import PolicyLoadError
+    from training.artifacts import DIFFUSION_KINDS, checkpoint_kind
 
     try:
-        path = export_checkpoint(a.source, a.out, opset=a.opset)
+        if checkpoint_kind(a.source) in DIFFUSION_KINDS:
+            from training.dppo_runner import export_diffusion
+
+            path = export_diffusion(a.source, a.out, opset=a.opset)
+        else:
+            path = export_checkpoint(a.source, a.out, opset=a.opset)
         parity = read_parity(path)
     except (ExportError, PolicyLoadError) as e:
         print(f"sim2real export: error: {e}", file=sys.stderr)

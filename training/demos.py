@@ -1,0 +1,536 @@
+"""Demonstrations: collect rollouts of a policy, store them as HDF5 laid out as robomimic
+does, load them back with a validated schema, and cut them into training windows.
+
+Why HDF5 in robomimic's layout (and not Minari): the layout is a plain, documented
+convention (one group per demo, one dataset per observation key) that robomimic,
+Diffusion Policy, DPPO's preprocessing and LeRobot's converters already read; a file is
+self-contained and readable with h5py alone (one small dependency, no dataset registry,
+no download service, no Gymnasium env spec to re-register: our environments are batched
+simulators, not Gymnasium ids). Minari would add its own storage directory, a remote
+dataset namespace and an env-spec round trip that buys nothing here.
+
+Schema (``SCHEMA = "sim2real.demos"``, ``SCHEMA_VERSION = 1``)::
+
+    /data                           group
+        attrs  total                int: transitions in all demos (sum of num_samples)
+               env_args             JSON {"env_name": task, "type": "sim2real",
+                                          "env_kwargs": {"obs_history": 1, ...}}
+               sim2real_schema      "sim2real.demos"
+               schema_version       1
+               obs_keys             JSON [[term, size], ...]: the policy frame, in order
+               action_joint_names   JSON [name, ...]
+               action_low/high      float64 [A]: the task's action bounds
+               control_period_s     float
+               source, action_noise, seed   how the demos were made (informational)
+    /data/demo_<i>                  group, i = 0 .. num_demos - 1
+        attrs  num_samples          int T >= 1
+               return               float: sum of rewards
+        obs/<term>                  float32 [T, size]: the observation frame at step t
+        next_obs/<term>             float32 [T, size]: the frame after step t (at the last
+                                    step: the true final observation, before any reset)
+        actions                     float32 [T, A]: the executed action (noise included,
+                                    clipped to the bounds), in env units
+        rewards                     float32 [T]
+        dones                       uint8 [T]: 1 at the episode's last step (robomimic)
+        terminals                   uint8 [T]: 1 where the episode terminated rather than
+                                    timed out (what offline RL needs for bootstrapping)
+
+Observations are stored one frame per step (no history); loaders stack history as the
+simulator does at a reset (the first frame repeated). :func:`load_demos` checks all of
+the above and raises :class:`DatasetError` naming the demo, key and problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+SCHEMA = "sim2real.demos"
+SCHEMA_VERSION = 1
+
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "DatasetError",
+    "DemoDataset",
+    "Episode",
+    "collect_demos",
+    "load_demos",
+    "main",
+    "save_demos",
+]
+
+
+class DatasetError(ValueError):
+    """A demonstration file that is not in the documented schema (or not for this task)."""
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("demonstration files are HDF5; install h5py (pip install h5py)") from e
+    return h5py
+
+
+@dataclass
+class Episode:
+    """One demonstration: frames [T, F], next frames [T, F], actions [T, A], rewards [T]."""
+
+    obs: np.ndarray
+    next_obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: bool
+
+    def __len__(self) -> int:
+        return int(self.actions.shape[0])
+
+    @property
+    def ret(self) -> float:
+        return float(np.sum(self.rewards, dtype=np.float64))
+
+
+@dataclass
+class DemoDataset:
+    """Episodes plus what the schema records about them."""
+
+    task: str
+    obs_terms: list[tuple[str, int]]
+    action_joint_names: list[str]
+    action_low: np.ndarray
+    action_high: np.ndarray
+    control_period_s: float
+    episodes: list[Episode]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def frame_size(self) -> int:
+        return sum(s for _, s in self.obs_terms)
+
+    @property
+    def action_size(self) -> int:
+        return len(self.action_joint_names)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(e) for e in self.episodes)
+
+    @property
+    def returns(self) -> np.ndarray:
+        return np.array([e.ret for e in self.episodes])
+
+    def windows(self, obs_history: int, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training pairs for every step t of every episode.
+
+        obs [M, obs_history * F]: frames t-H+1 .. t, oldest first, the first frame
+        repeated before the episode's start (as the simulator fills its history at a
+        reset); actions [M, horizon, A]: actions t .. t+horizon-1, the last action
+        repeated past the episode's end.
+        """
+        if obs_history < 1 or horizon < 1:
+            raise ValueError(f"obs_history and horizon must be >= 1, got {obs_history}, {horizon}")
+        obs_out, act_out = [], []
+        for ep in self.episodes:
+            n = len(ep)
+            t = np.arange(n)
+            oi = np.clip(t[:, None] - obs_history + 1 + np.arange(obs_history)[None], 0, n - 1)
+            ai = np.clip(t[:, None] + np.arange(horizon)[None], 0, n - 1)
+            obs_out.append(ep.obs[oi].reshape(n, -1))
+            act_out.append(ep.actions[ai])
+        return (
+            torch.as_tensor(np.concatenate(obs_out), dtype=torch.float32),
+            torch.as_tensor(np.concatenate(act_out), dtype=torch.float32),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        r = self.returns
+        return {
+            "task": self.task,
+            "episodes": len(self.episodes),
+            "transitions": self.num_samples,
+            "return_mean": float(r.mean()) if len(r) else float("nan"),
+            "return_std": float(r.std()) if len(r) else float("nan"),
+            **{k: v for k, v in self.info.items() if k in ("source", "action_noise", "seed")},
+        }
+
+
+# ---------------------------------------------------------------------- writing
+def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
+    """Write ``data`` in the schema above, atomically (a temp file, then a rename)."""
+    h5py = _h5py()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            g = f.create_group("data")
+            g.attrs["total"] = int(data.num_samples)
+            env_kwargs = {"obs_history": 1, **data.info.get("env_kwargs", {})}
+            g.attrs["env_args"] = json.dumps(
+                {"env_name": data.task, "type": "sim2real", "env_kwargs": env_kwargs}
+            )
+            g.attrs["sim2real_schema"] = SCHEMA
+            g.attrs["schema_version"] = SCHEMA_VERSION
+            g.attrs["obs_keys"] = json.dumps([[n, int(s)] for n, s in data.obs_terms])
+            g.attrs["action_joint_names"] = json.dumps(list(data.action_joint_names))
+            g.attrs["action_low"] = np.asarray(data.action_low, dtype=np.float64)
+            g.attrs["action_high"] = np.asarray(data.action_high, dtype=np.float64)
+            g.attrs["control_period_s"] = float(data.control_period_s)
+            for key in ("source", "action_noise", "seed"):
+                if key in data.info:
+                    g.attrs[key] = data.info[key]
+            for i, ep in enumerate(data.episodes):
+                d = g.create_group(f"demo_{i}")
+                n = len(ep)
+                d.attrs["num_samples"] = n
+                d.attrs["return"] = ep.ret
+                start = 0
+                for name, size in data.obs_terms:
+                    sl = slice(start, start + size)
+                    d.create_dataset(f"obs/{name}", data=ep.obs[:, sl].astype(np.float32))
+                    d.create_dataset(f"next_obs/{name}", data=ep.next_obs[:, sl].astype(np.float32))
+                    start += size
+                d.create_dataset("actions", data=ep.actions.astype(np.float32))
+                d.create_dataset("rewards", data=ep.rewards.astype(np.float32))
+                dones = np.zeros(n, dtype=np.uint8)
+                dones[-1] = 1
+                d.create_dataset("dones", data=dones)
+                terminals = np.zeros(n, dtype=np.uint8)
+                terminals[-1] = 1 if ep.terminated else 0
+                d.create_dataset("terminals", data=terminals)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# ---------------------------------------------------------------------- loading
+def _attr(group, name: str, where: str) -> Any:
+    if name not in group.attrs:
+        raise DatasetError(f"{where}: attribute {name!r} is missing")
+    v = group.attrs[name]
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _json_attr(group, name: str, where: str) -> Any:
+    raw = _attr(group, name, where)
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise DatasetError(f"{where}: attribute {name!r} is not valid JSON ({e})") from None
+
+
+def _array(group, key: str, where: str, shape: tuple[int | None, ...]) -> np.ndarray:
+    if key not in group:
+        raise DatasetError(f"{where}: dataset {key!r} is missing")
+    obj = group[key]
+    if not hasattr(obj, "shape") or not hasattr(obj, "dtype"):
+        raise DatasetError(f"{where}: {key!r} is a group, expected a dataset")
+    if obj.dtype.kind not in "fiub":
+        raise DatasetError(f"{where}/{key}: expected numbers, got dtype {obj.dtype}")
+    arr = np.asarray(obj[()])
+    if arr.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, arr.shape)):
+        want = "[" + ", ".join("?" if w is None else str(w) for w in shape) + "]"
+        raise DatasetError(f"{where}/{key}: expected shape {want}, got {list(arr.shape)}")
+    if not np.isfinite(arr.astype(np.float64)).all():
+        raise DatasetError(f"{where}/{key}: contains NaN or inf")
+    return arr
+
+
+def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
+    """Read and validate a demonstration file; ``task`` (if given) must match its task.
+
+    Raises FileNotFoundError for a missing file and :class:`DatasetError` for a file that
+    is not HDF5, lacks a group, attribute or dataset of the schema, has inconsistent
+    shapes or lengths, non-finite values, or another schema version or task.
+    """
+    h5py = _h5py()
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"demonstration file {path} does not exist")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DatasetError(f"{path} is not a readable HDF5 file ({e})") from None
+    with f:
+        if "data" not in f:
+            raise DatasetError(
+                f"{path}: no '/data' group; expected robomimic's layout (/data/demo_<i>/...)"
+            )
+        g = f["data"]
+        where = f"{path}:/data"
+        schema = _attr(g, "sim2real_schema", where)
+        if schema != SCHEMA:
+            raise DatasetError(f"{where}: sim2real_schema is {schema!r}, expected {SCHEMA!r}")
+        version = int(_attr(g, "schema_version", where))
+        if version != SCHEMA_VERSION:
+            raise DatasetError(
+                f"{where}: schema_version {version} is not supported (this reader reads "
+                f"{SCHEMA_VERSION})"
+            )
+        env_args = _json_attr(g, "env_args", where)
+        if not isinstance(env_args, dict) or "env_name" not in env_args:
+            raise DatasetError(f"{where}: env_args must be a JSON object with 'env_name'")
+        file_task = str(env_args["env_name"])
+        if task is not None and task != file_task:
+            raise DatasetError(f"{path} holds demonstrations of task {file_task!r}, not {task!r}")
+        obs_keys = _json_attr(g, "obs_keys", where)
+        try:
+            obs_terms = [(str(n), int(s)) for n, s in obs_keys]
+        except (TypeError, ValueError):
+            raise DatasetError(f"{where}: obs_keys must be [[name, size], ...]") from None
+        if not obs_terms or any(s < 1 for _, s in obs_terms):
+            raise DatasetError(f"{where}: obs_keys must list terms of positive size")
+        joints = [str(j) for j in _json_attr(g, "action_joint_names", where)]
+        low = np.asarray(_attr(g, "action_low", where), dtype=np.float64).reshape(-1)
+        high = np.asarray(_attr(g, "action_high", where), dtype=np.float64).reshape(-1)
+        a = len(joints)
+        if a < 1 or low.shape != (a,) or high.shape != (a,):
+            raise DatasetError(
+                f"{where}: action_low/high must have one entry per joint ({a}), got "
+                f"{low.shape} and {high.shape}"
+            )
+        demos = sorted(
+            (k for k in g.keys() if k.startswith("demo_")),
+            key=lambda k: int(k[5:]) if k[5:].isdigit() else -1,
+        )
+        if not demos:
+            raise DatasetError(f"{where}: no demo_<i> groups")
+        episodes = []
+        for name in demos:
+            d = g[name]
+            w = f"{where}/{name}"
+            if not name[5:].isdigit():
+                raise DatasetError(f"{w}: demo groups must be named demo_<integer>")
+            n = int(_attr(d, "num_samples", w))
+            if n < 1:
+                raise DatasetError(f"{w}: num_samples must be >= 1, got {n}")
+            frames, next_frames = [], []
+            for term, size in obs_terms:
+                frames.append(_array(d, f"obs/{term}", w, (n, size)))
+                next_frames.append(_array(d, f"next_obs/{term}", w, (n, size)))
+            actions = _array(d, "actions", w, (n, a))
+            rewards = _array(d, "rewards", w, (n,))
+            dones = _array(d, "dones", w, (n,))
+            if dones[-1] != 1 or (dones[:-1] != 0).any():
+                raise DatasetError(f"{w}/dones: must be 1 at the last step only")
+            terminals = _array(d, "terminals", w, (n,))
+            if (terminals[:-1] != 0).any():
+                raise DatasetError(f"{w}/terminals: only the last step may be terminal")
+            episodes.append(
+                Episode(
+                    np.concatenate(frames, axis=1).astype(np.float32),
+                    np.concatenate(next_frames, axis=1).astype(np.float32),
+                    actions.astype(np.float32),
+                    rewards.astype(np.float32),
+                    bool(terminals[-1]),
+                )
+            )
+        total = int(_attr(g, "total", where))
+        if total != sum(len(e) for e in episodes):
+            raise DatasetError(
+                f"{where}: total is {total} but the demos hold {sum(len(e) for e in episodes)} "
+                f"transitions"
+            )
+        info = {k: _attr(g, k, where) for k in ("source", "action_noise", "seed") if k in g.attrs}
+        info = {k: (v.item() if hasattr(v, "item") else v) for k, v in info.items()}
+        info["env_kwargs"] = dict(env_args.get("env_kwargs", {}))
+        return DemoDataset(
+            task=file_task,
+            obs_terms=obs_terms,
+            action_joint_names=joints,
+            action_low=low,
+            action_high=high,
+            control_period_s=float(_attr(g, "control_period_s", where)),
+            episodes=episodes,
+            info=info,
+        )
+
+
+# ---------------------------------------------------------------------- collection
+def _source_actor(source: str | os.PathLike, task: str | None, num_envs: int, seed: int):
+    """(act(obs, reset) -> actions, env) for a PPO/diffusion checkpoint or an ONNX file."""
+    src = str(source)
+    if src.endswith(".onnx"):
+        from deploy.runtime import OnnxPolicy
+        from deploy.sim2sim import Sim2SimActor, make_env_for
+
+        policy = OnnxPolicy(src, deterministic=True)
+        env = make_env_for(policy.metadata, task, num_envs, seed, randomize=False)
+        return Sim2SimActor(policy, env.num_envs, env.dt, safety=False), env
+    from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+
+    ck_path = find_checkpoint(src)
+    kind = load_checkpoint(ck_path).get("kind")
+    if kind == "ppo":
+        from training.artifacts import TorchActor, load_policy_from_checkpoint
+        from training.runner import make_env
+
+        policy, cfg, _ = load_policy_from_checkpoint(ck_path)
+        if task is not None and task != cfg.env.task:
+            raise CheckpointError(
+                f"{ck_path} holds a policy for task {cfg.env.task!r}, not {task!r}"
+            )
+        env = make_env(cfg, num_envs=num_envs, seed=seed, randomize=False)
+        return TorchActor(policy, env.num_envs, env.device), env
+    if kind in ("diffusion_bc", "dppo"):
+        from training.dppo_runner import (
+            DiffusionActor,
+            load_diffusion_checkpoint,
+            make_diffusion_env,
+        )
+
+        policy, cfg, _ = load_diffusion_checkpoint(ck_path)
+        if task is not None and task != cfg.env.task:
+            raise CheckpointError(
+                f"{ck_path} holds a policy for task {cfg.env.task!r}, not {task!r}"
+            )
+        env = make_diffusion_env(cfg, policy.cfg, num_envs=num_envs, seed=seed, randomize=False)
+        return DiffusionActor(policy, env.num_envs, deterministic=True), env
+    raise CheckpointError(f"{ck_path} is a {kind!r} checkpoint; cannot collect with it")
+
+
+def collect_demos(
+    source: str | os.PathLike,
+    task: str | None = None,
+    episodes: int = 10,
+    noise: float = 0.0,
+    seed: int = 0,
+    num_envs: int = 16,
+    progress: bool = False,
+) -> DemoDataset:
+    """Roll a policy out (deterministically, plus optional action noise) and record it.
+
+    noise: std of Gaussian action noise as a fraction of each joint's half range, so for
+    actions bounded by [-1, 1] it is the std itself; noisy actions are clipped to the
+    bounds and the *executed* action is recorded (the demonstrations are imperfect, not
+    the labels of a perfect policy). Each env records a fixed quota of its first
+    episodes, so short episodes are not favoured.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    if not (math.isfinite(noise) and noise >= 0):
+        raise ValueError(f"noise must be a finite number >= 0, got {noise}")
+    n = max(1, min(int(num_envs), episodes))
+    act, env = _source_actor(source, task, n, seed)
+    try:
+        group = env.observation_spec.policy
+        frame = group.frame_size
+        terms = [(t.name, t.size) for t in group.terms]
+        low = np.asarray(env.action_spec.low, dtype=np.float64)
+        high = np.asarray(env.action_spec.high, dtype=np.float64)
+        half = 0.5 * (high - low)
+        rng = np.random.default_rng(seed + 1)
+        quota = np.full(n, episodes // n)
+        quota[: episodes % n] += 1
+        done_count = np.zeros(n, dtype=np.int64)
+        bufs: list[dict[str, list]] = [
+            {"obs": [], "next": [], "act": [], "rew": []} for _ in range(n)
+        ]
+        finished: list[list[Episode]] = [[] for _ in range(n)]
+        obs = env.reset()
+        reset = torch.ones(n, dtype=torch.bool)
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=episodes, unit="episode", desc=f"collect {env.name}")
+        while (done_count < quota).any():
+            with torch.no_grad():
+                a = act(obs, reset)
+            a = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, np.float64)
+            if noise > 0:
+                a = a + noise * half * rng.standard_normal(a.shape)
+            a = np.clip(a, low, high)
+            frames = obs["policy"][:, -frame:].cpu().numpy()
+            obs, reward, terminated, truncated, info = env.step(
+                torch.as_tensor(a, dtype=torch.float32)
+            )
+            final = info.get("final_obs", obs)["policy"][:, -frame:].cpu().numpy()
+            r = reward.cpu().numpy()
+            term = terminated.cpu().numpy()
+            ended = (terminated | truncated).cpu().numpy()
+            for i in range(n):
+                if done_count[i] >= quota[i]:
+                    continue
+                b = bufs[i]
+                b["obs"].append(frames[i])
+                b["next"].append(final[i])
+                b["act"].append(a[i])
+                b["rew"].append(r[i])
+                if ended[i]:
+                    finished[i].append(
+                        Episode(
+                            np.asarray(b["obs"], np.float32),
+                            np.asarray(b["next"], np.float32),
+                            np.asarray(b["act"], np.float32),
+                            np.asarray(b["rew"], np.float32),
+                            bool(term[i]),
+                        )
+                    )
+                    bufs[i] = {"obs": [], "next": [], "act": [], "rew": []}
+                    done_count[i] += 1
+                    if bar is not None:
+                        bar.update(1)
+            reset = torch.as_tensor(ended)
+        if bar is not None:
+            bar.close()
+        eps = [e for per_env in finished for e in per_env]
+        return DemoDataset(
+            task=env.name,
+            obs_terms=terms,
+            action_joint_names=list(env.action_spec.joint_names),
+            action_low=low,
+            action_high=high,
+            control_period_s=float(env.dt),
+            episodes=eps,
+            info={"source": str(source), "action_noise": float(noise), "seed": int(seed)},
+        )
+    finally:
+        env.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``sim2real collect <checkpoint|policy.onnx> --task <task> --episodes N [--noise S]``."""
+    p = argparse.ArgumentParser(
+        prog="sim2real collect",
+        description="Record demonstrations of a policy (PPO or diffusion checkpoint/run "
+        "directory, or an exported .onnx) into an HDF5 file laid out as robomimic does.",
+    )
+    p.add_argument("source", help="run directory, checkpoint file or policy.onnx")
+    p.add_argument("--task", default=None, help="task (default: the policy's own)")
+    p.add_argument("--episodes", type=int, default=50)
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="Gaussian action noise std, as a fraction of the half action range",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-envs", type=int, default=16)
+    p.add_argument("--out", default=None, help="output .hdf5 (default demos/<task>_<noise>.hdf5)")
+    a = p.parse_args(argv)
+    data = collect_demos(
+        a.source, a.task, a.episodes, a.noise, a.seed, num_envs=a.num_envs, progress=True
+    )
+    out = a.out or f"demos/{data.task}_noise{a.noise:g}.hdf5"
+    path = save_demos(out, data)
+    s = data.summary()
+    print(
+        f"{path}: {s['episodes']} episodes, {s['transitions']} transitions, "
+        f"return {s['return_mean']:.1f} ± {s['return_std']:.1f}"
+    )
+    return 0
