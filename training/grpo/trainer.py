@@ -196,7 +196,9 @@ class GRPOTrainer:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger: MetricsLogger | None = None
         if self.run_dir is not None and resume is None:
-            taken = [n for n in ("checkpoints/latest.pt", "metrics.jsonl") if (self.run_dir / n).exists()]
+            taken = [
+                n for n in ("checkpoints/latest.pt", "metrics.jsonl") if (self.run_dir / n).exists()
+            ]
             if taken:
                 raise ValueError(
                     f"run directory {self.run_dir} already holds a run ({', '.join(taken)}); "
@@ -533,9 +535,10 @@ class GRPOTrainer:
             if len(rows) < 4 * k:
                 break
             chunks = list(torch.tensor_split(torch.arange(len(rows)), k))
-            cost = sum(
-                len(c) * (int(p_len[c].max()) + int(c_len[c].max())) for c in chunks
-            ) + (k - 1) * _PASS_COST
+            cost = (
+                sum(len(c) * (int(p_len[c].max()) + int(c_len[c].max())) for c in chunks)
+                + (k - 1) * _PASS_COST
+            )
             if best_cost is None or cost < best_cost:
                 best, best_cost = [rows[c] for c in chunks], cost
         return best
