@@ -169,3 +169,9 @@ def test_recurrent_checkpoint_evaluates(tmp_path):
     )
     stats = evaluate_checkpoint(tmp_path / "lstm", None, episodes=3)
     assert stats["completed"] == 3 and stats["length_mean"] >= 1
+
+
+def test_a_run_directory_is_never_reused_without_resume(tmp_path):
+    _train(tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"])
+    with pytest.raises(ValueError, match="already holds a run"):
+        _train(tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"])

@@ -177,10 +177,11 @@ def demo(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="sim2real demo")
     p.add_argument("--task", default="halfcheetah")
     p.add_argument("--steps", type=int, default=300_000)
-    p.add_argument("--run-dir", default="runs/demo")
+    p.add_argument("--run-dir", default=None, help="default: runs/demo-<task>-<time>")
     a = p.parse_args(argv)
-    from training.cli import train_ppo
+    from training.cli import _default_run_dir, train_ppo
 
+    a.run_dir = a.run_dir or str(_default_run_dir(a.task, "demo"))
     rc = train_ppo(["--task", a.task, "--steps", str(a.steps), "--run-dir", a.run_dir])
     if rc:
         return rc

@@ -208,6 +208,11 @@ class PPORunner:
         self.recent_lengths: deque[float] = deque(maxlen=100)
         self.obs: dict[str, torch.Tensor] | None = None
         self.arch = architecture(cfg, self.env)
+        if resume is None and (self.run_dir / "checkpoints" / "latest.pt").exists():
+            # never mix two runs' metrics and checkpoints in one directory
+            raise ValueError(
+                f"run directory {self.run_dir} already holds a run; resume it or choose another"
+            )
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "checkpoints").mkdir(exist_ok=True)
