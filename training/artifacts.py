@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
@@ -197,4 +196,4 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
-__all__ = ["TorchActor", "evaluate_checkpoint", "evaluate_source", "finish_run", "np"]
+__all__ = ["TorchActor", "evaluate_checkpoint", "evaluate_source", "finish_run"]

@@ -7,7 +7,6 @@ rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
@@ -408,5 +407,4 @@ __all__ = [
     "RunConfig",
     "build_config",
     "config_from_checkpoint",
-    "dataclasses",
 ]
