@@ -46,22 +46,27 @@ def _random_actions(env, steps: int, rng: np.random.Generator) -> list[torch.Ten
     ]
 
 
+def _steps_per_second(step, actions: list, seconds: float, min_steps: int) -> float:
+    """Batch steps per second of `step`, cycling `actions`, after a short warm-up."""
+    for a in actions[:3]:  # warm-up: numba compile, caches, worker start
+        step(a)
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        step(actions[steps % len(actions)])
+        steps += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds and steps >= min_steps:
+            return steps / dt
+
+
 def ours_rate(task: str, num_envs: int, seconds: float, seed: int = 0) -> float:
     env = make(task, num_envs, seed=seed)
     env.reset()
     rng = np.random.default_rng(seed)
     acts = _random_actions(env, 8, rng)
-    for a in acts[:3]:  # warm-up: numba compile, caches
-        env.step(a)
-    steps, t0 = 0, time.perf_counter()
-    while True:
-        env.step(acts[steps % len(acts)])
-        steps += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds and steps >= 5:
-            break
+    rate = _steps_per_second(env.step, acts, seconds, min_steps=5)
     env.close()
-    return steps * num_envs / dt
+    return rate * num_envs
 
 
 def hardware_limit(task: str, seconds: float, seed: int = 0) -> tuple[float, float]:
@@ -122,17 +127,9 @@ def gym_rate(task: str, num_envs: int, kind: str, seconds: float, seed: int = 0)
     rng = np.random.default_rng(seed)
     sp = venv.action_space
     acts = [rng.uniform(sp.low, sp.high).astype(np.float32) for _ in range(8)]
-    for a in acts[:3]:
-        venv.step(a)
-    steps, t0 = 0, time.perf_counter()
-    while True:
-        venv.step(acts[steps % len(acts)])
-        steps += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds and steps >= 3:
-            break
+    rate = _steps_per_second(venv.step, acts, seconds, min_steps=3)
     venv.close()
-    return steps * num_envs / dt
+    return rate * num_envs
 
 
 def run(

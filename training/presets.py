@@ -8,6 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+# the Gymnasium locomotion tasks share one preset; a task that needs more says only what differs
+_LOCOMOTION: dict[str, Any] = {
+    "env.num_envs": 32,
+    "ppo.num_steps": 64,
+    "ppo.lr": 3e-4,
+    "policy.actor_hidden": (256, 256),
+    "policy.critic_hidden": (256, 256),
+    "run.total_steps": 1_000_000,
+}
+
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {
         "env.num_envs": 16,
@@ -31,38 +41,10 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "policy.critic_hidden": (256, 256),
         "run.total_steps": 1_000_000,
     },
-    "hopper": {
-        "env.num_envs": 32,
-        "ppo.num_steps": 64,
-        "ppo.lr": 3e-4,
-        "policy.actor_hidden": (256, 256),
-        "policy.critic_hidden": (256, 256),
-        "run.total_steps": 1_000_000,
-    },
-    "walker2d": {
-        "env.num_envs": 32,
-        "ppo.num_steps": 64,
-        "ppo.lr": 3e-4,
-        "policy.actor_hidden": (256, 256),
-        "policy.critic_hidden": (256, 256),
-        "run.total_steps": 1_000_000,
-    },
-    "ant": {
-        "env.num_envs": 32,
-        "ppo.num_steps": 64,
-        "ppo.lr": 3e-4,
-        "policy.actor_hidden": (256, 256),
-        "policy.critic_hidden": (256, 256),
-        "run.total_steps": 1_000_000,
-    },
-    "humanoid": {
-        "env.num_envs": 32,
-        "ppo.num_steps": 64,
-        "ppo.lr": 3e-4,
-        "policy.actor_hidden": (256, 256),
-        "policy.critic_hidden": (256, 256),
-        "run.total_steps": 2_000_000,
-    },
+    "hopper": _LOCOMOTION,
+    "walker2d": _LOCOMOTION,
+    "ant": _LOCOMOTION,
+    "humanoid": {**_LOCOMOTION, "run.total_steps": 2_000_000},
     "quadruped": {
         "env.num_envs": 256,
         "ppo.num_steps": 24,
