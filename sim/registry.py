@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,27 @@ def task_class(name: str) -> type[MujocoVecEnv]:
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown task {name!r}{hint} Known tasks: {', '.join(task_names())}")
     return _TASKS[name]()
+
+
+# set by `make` itself, so never a task option
+_MAKE_ARGS = frozenset({"self", "num_envs", "seed", "device", "s2r"})
+
+
+def task_options(name: str) -> set[str]:
+    """Keyword options the task's constructor accepts besides those `make` sets."""
+    names: set[str] = set()
+    for klass in task_class(name).__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names |= {
+            p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        }
+        # a constructor without **kwargs ends the chain of forwarded options
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names - _MAKE_ARGS
 
 
 def make(

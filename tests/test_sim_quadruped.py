@@ -478,6 +478,21 @@ def test_tracking_errors_and_air_time_reward():
     np.testing.assert_array_equal(info["rew_feet_air_time"].numpy(), 0.0)
 
 
+@pytest.mark.parametrize("clip", [True, False])
+def test_only_positive_rewards_clips_the_summed_reward(clip):
+    # penalties only: the summed reward is <= 0 on every step
+    no_tracking = {"tracking_lin_vel": 0.0, "tracking_ang_vel": 0.0, "feet_air_time": 0.0}
+    env = _env(4, reward_weights=no_tracking, only_positive_rewards=clip)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        a = torch.randn(env.num_envs, env.action_spec.size, generator=g, dtype=torch.float64)
+        _, rew, _, _, info = env.step(a)
+        total = sum(info[k] for k in info if k.startswith("rew_"))
+        assert (total < 0).all()
+        expect = torch.zeros_like(total) if clip else total
+        torch.testing.assert_close(rew, expect.to(rew.dtype))
+
+
 def test_terminations():
     env = _env(4, NOMINAL)
     q = env.engine.get("qpos").copy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from training.artifacts import evaluate_checkpoint
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.cli import main as cli_main
 from training.config import ConfigError
-from training.runner import PPORunner, build_config, parameters_vector
+from training.runner import PPORunner, build_config, make_env, parameters_vector
 
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
 
@@ -72,6 +74,11 @@ def test_exact_resume(tmp_path, task, extra):
     # the metrics file of the resumed run has one line per iteration, no duplicates
     lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == resumed.iteration
+    if task == "quadruped":  # the task's reward terms are logged, one mean per rollout
+        row = json.loads(lines[-1])
+        terms = [k for k in row if k.startswith("env/rew_")]
+        assert "env/rew_tracking_lin_vel" in terms and "env/lin_vel_error" in row
+        assert all(math.isfinite(row[k]) for k in terms)
 
 
 def test_resume_other_architecture_or_task_is_refused(tmp_path):
@@ -116,6 +123,12 @@ def test_checkpoint_is_atomic_and_weights_only(tmp_path):
         (["--task", "cartpol"], "unknown task 'cartpol'"),
         (["--task", "cartpole", "env.num_envs=abc"], "expects an integer"),
         (["--task", "cartpole", "ppo=3"], "section"),
+        (
+            ["--task", "quadruped", 'env.task_args={"comand_vx": [0, 1]}'],
+            "'quadruped' has no option(s) ['comand_vx']",
+        ),
+        (["--task", "quadruped", 'env.task_args={"num_threads": 1}'], "env.threads"),
+        (["--task", "quadruped", "env.task_args=[1]"], "expects a JSON object"),
     ],
 )
 def test_bad_configs_give_clear_errors(tmp_path, capsys, args, message):
@@ -133,6 +146,19 @@ def test_config_overrides_parse_types():
     assert cfg.run.video is False
     with pytest.raises(ConfigError):
         build_config("cartpole", ["run.video=maybe"])
+
+
+def test_task_args_reach_the_environment():
+    cfg = build_config(
+        "quadruped", ['env.task_args={"fixed_command": [0.5, 0, 0], "command_resample_s": 4}']
+    )
+    env = make_env(cfg, num_envs=2)
+    try:
+        assert env.command_resample_s == 4.0
+        env.reset()
+        assert env.commands.tolist() == [[0.5, 0.0, 0.0]] * 2
+    finally:
+        env.close()
 
 
 def test_ddp_two_processes_keep_identical_parameters(tmp_path):

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+# MuJoCo picks its OpenGL backend when it is first imported: without a display the
+# run's video needs EGL (offscreen), which a user should not have to know to ask for
+if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+    os.environ.setdefault("MUJOCO_GL", "egl")
 
 
 def _cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:

@@ -457,7 +457,12 @@ def build_dppo_config(
         raise CheckpointError(
             f"--init {init} was trained on task {init_cfg.env.task!r}, not {task!r}"
         )
-    env = dataclasses.replace(EnvConfig(task=init_cfg.env.task, num_envs=16, randomize=False))
+    env = EnvConfig(
+        task=init_cfg.env.task,
+        num_envs=16,
+        randomize=False,
+        task_args=dict(init_cfg.env.task_args),
+    )
     cfg = DPPOTrainConfig(env=env, policy=init_cfg.policy, init=str(init))
     items = (
         overrides.items()

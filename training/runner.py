@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from policies.gaussian import ActorCritic, ActorCriticConfig
 from sim.randomization import SimToRealConfig
-from sim.registry import make, task_class
+from sim.registry import make, task_options
 from training.algorithms.ppo import PPO, PPOConfig
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import ConfigError, apply_overrides, config_hash, from_dict, to_dict
@@ -38,11 +38,21 @@ class EnvConfig:
     randomize: bool = True  # the task's sim-to-real defaults; false: nominal model, no noise
     max_episode_steps: int | None = None
     threads: int = 0  # simulator threads; 0: all usable cores
+    # the task's own constructor options, e.g. {"command_vx": [0, 1]} for quadruped
+    task_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_envs < 1:
             raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
-        task_class(self.task)  # unknown task: a clear error now, not later
+        known = task_options(self.task)  # unknown task: a clear error now, not later
+        unknown = sorted(set(self.task_args) - known - {"num_threads", "max_episode_steps"})
+        if unknown:
+            raise ValueError(
+                f"env.task_args: {self.task!r} has no option(s) {unknown}; known: {sorted(known)}"
+            )
+        clash = sorted({"num_threads", "max_episode_steps"} & set(self.task_args))
+        if clash:
+            raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
 
 
 @dataclass
@@ -113,6 +123,7 @@ def make_env(
         s2r=None if randomize else SimToRealConfig(),
         num_threads=cfg.env.threads,
         max_episode_steps=cfg.env.max_episode_steps,
+        **cfg.env.task_args,
     )
 
 
@@ -308,6 +319,9 @@ class PPORunner:
         lo = torch.as_tensor(self.env.action_spec.low, dtype=torch.float32, device=self.device)
         hi = torch.as_tensor(self.env.action_spec.high, dtype=torch.float32, device=self.device)
         finished: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # the task's per-step terms (reward components, tracking errors), averaged over
+        # the rollout: what a user reads to see which term the policy is trading off
+        terms: dict[str, torch.Tensor] = {}
         obs = self.obs
         with torch.no_grad():
             for _ in range(self.cfg.ppo.num_steps):
@@ -316,10 +330,14 @@ class PPORunner:
                     torch.clamp(actions, lo, hi)
                 )
                 self.ppo.process_env_step(obs, reward, terminated, truncated, info)
+                for k, v in info.items():
+                    if isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 1:
+                        terms[k] = terms.get(k, 0.0) + v.mean()
                 if "episode" in info:
                     ep = info["episode"]
                     finished.append((ep["return"][ep["done"]], ep["length"][ep["done"]]))
         self.obs = obs
+        self.env_terms = {f"env/{k}": float(v) / self.cfg.ppo.num_steps for k, v in terms.items()}
         for r, n in finished:
             self.recent_returns.extend(r.cpu().tolist())
             self.recent_lengths.extend(n.cpu().tolist())
@@ -362,6 +380,7 @@ class PPORunner:
                     "perf/update_seconds": t2 - t1,
                     "iteration": self.iteration,
                     **{f"ppo/{k}": float(v) for k, v in stats.items()},
+                    **self.env_terms,
                 }
                 self.logger.log(self.env_steps, row)
                 if bar is not None:

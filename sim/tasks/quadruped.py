@@ -123,6 +123,9 @@ class Quadruped(MujocoVecEnv):
     max_tilt = np.deg2rad(60.0)
     reset_joint_noise = 0.05  # rad, uniform around the standing pose
     reset_yaw_range: Range = (-np.pi, np.pi)
+    # legged_gym's clip of the summed reward at zero: with the penalties dominating early
+    # on, a negative step reward teaches the robot to fall as soon as it can
+    only_positive_rewards = True
 
     def __init__(
         self,
@@ -138,6 +141,7 @@ class Quadruped(MujocoVecEnv):
         command_yaw: Range | None = None,
         command_resample_s: float | None = None,
         reward_weights: dict[str, float] | None = None,
+        only_positive_rewards: bool | None = None,
         **kwargs,
     ):
         self.model_path = None if model_path is None else os.fspath(model_path)
@@ -150,6 +154,8 @@ class Quadruped(MujocoVecEnv):
             if not command_resample_s > 0:
                 raise ValueError(f"command_resample_s must be > 0, got {command_resample_s}")
             self.command_resample_s = float(command_resample_s)
+        if only_positive_rewards is not None:
+            self.only_positive_rewards = bool(only_positive_rewards)
         self.fixed_command = None
         if fixed_command is not None:
             fc = np.asarray(fixed_command, dtype=np.float64)
@@ -498,6 +504,8 @@ class Quadruped(MujocoVecEnv):
         }
         extras = {f"rew_{k}": v * (w[k] * dt) for k, v in terms.items()}
         reward = sum(extras.values())
+        if self.only_positive_rewards:
+            reward = np.maximum(reward, 0.0)
         extras["lin_vel_error"] = np.sqrt(lin_err2)
         extras["ang_vel_error"] = np.sqrt(yaw_err2)
         self._last_joint_vel = jvel
