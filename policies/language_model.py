@@ -213,7 +213,9 @@ def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     top-k/top-p) is never drawn.
     """
     cdf = probs.double().cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    u = torch.rand(
+        (probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64
+    )
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return idx.clamp_max(probs.shape[-1] - 1)
 
@@ -274,7 +276,9 @@ class _LlamaDecoder:
                 return None
             if hasattr(a, "q_norm") or hasattr(a, "k_norm"):
                 return None
-            if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
+            if not all(
+                hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")
+            ):
                 return None
         if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
             return None
@@ -315,17 +319,27 @@ class _LlamaDecoder:
                     return None  # LoRA or quantized layers: use the modules themselves
                 if any(m.bias is not None for m in lins[4:]):
                     return None
-                if any("RMSNorm" not in type(n).__name__ or not hasattr(n, "weight") for n in norms):
+                if any(
+                    "RMSNorm" not in type(n).__name__ or not hasattr(n, "weight") for n in norms
+                ):
                     return None
                 eps = [getattr(n, "variance_epsilon", getattr(n, "eps", None)) for n in norms]
                 if any(e is None for e in eps):
                     return None
                 q, k, v, o, g, u, d = lins
                 wq = q.weight * self.scaling
-                w_in = torch.cat([
-                    wq, k.weight, self._rotated_rows(wq, H, D),
-                    self._rotated_rows(k.weight, Hkv, D), v.weight,
-                ]) * norms[0].weight[None, :]
+                w_in = (
+                    torch.cat(
+                        [
+                            wq,
+                            k.weight,
+                            self._rotated_rows(wq, H, D),
+                            self._rotated_rows(k.weight, Hkv, D),
+                            v.weight,
+                        ]
+                    )
+                    * norms[0].weight[None, :]
+                )
                 b_in = None
                 if any(m.bias is not None for m in (q, k, v)):
                     bq, bk, bv = (
@@ -333,11 +347,13 @@ class _LlamaDecoder:
                         for m in (q, k, v)
                     )
                     bq = bq * self.scaling
-                    b_in = torch.cat([
-                        bq, bk, self._rotated_rows(bq, H, D), self._rotated_rows(bk, Hkv, D), bv
-                    ])
+                    b_in = torch.cat(
+                        [bq, bk, self._rotated_rows(bq, H, D), self._rotated_rows(bk, Hkv, D), bv]
+                    )
                 w_gu = torch.cat([g.weight, u.weight]) * norms[1].weight[None, :]
-                out.append((float(eps[0]), w_in, b_in, o.weight, o.bias, float(eps[1]), w_gu, d.weight))
+                out.append(
+                    (float(eps[0]), w_in, b_in, o.weight, o.bias, float(eps[1]), w_gu, d.weight)
+                )
             norm = self.inner.norm
             eps_f = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
             head = self.base.get_output_embeddings()
@@ -354,7 +370,9 @@ class _LlamaDecoder:
         self.fused = self._fuse()  # weights change between calls: fuse afresh
         self.table = None
         rope = getattr(self.base.config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+        rope_type = (
+            rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+        )
         if self.fused is not None and rope_type == "default":
             # cos/sin of every position, once (default rotary: a pure function of position)
             with torch.no_grad():
@@ -451,7 +469,11 @@ class _LlamaDecoder:
         hidden = (h.shape[-1],)
 
         def norm(z: torch.Tensor, eps: float) -> torch.Tensor:  # RMSNorm in float32
-            return F.rms_norm(z, hidden, eps=eps) if f32 else F.rms_norm(z.float(), hidden, eps=eps).to(dt)
+            return (
+                F.rms_norm(z, hidden, eps=eps)
+                if f32
+                else F.rms_norm(z.float(), hidden, eps=eps).to(dt)
+            )
 
         n_qk = H + Hkv
         for i, (e1, w_in, b_in, wo, bo, e2, wgu, wd) in enumerate(self.fused):
@@ -464,7 +486,9 @@ class _LlamaDecoder:
             att = torch.matmul(q, self.keys[i][:, :, :end].transpose(-1, -2))
             if bias is not None:
                 att = att + bias
-            att = torch.softmax(att, dim=-1) if f32 else torch.softmax(att, -1, torch.float32).to(dt)
+            att = (
+                torch.softmax(att, dim=-1) if f32 else torch.softmax(att, -1, torch.float32).to(dt)
+            )
             o = torch.matmul(att, self.values[i][:, :, :end]).reshape(B, H * D)
             h = torch.addmm(h, o, wo.t()) if bo is None else h + F.linear(o, wo, bo)
             g, u = F.linear(norm(h, e2), wgu).chunk(2, dim=-1)
@@ -602,7 +626,9 @@ class LanguageModelPolicy(nn.Module):
         return next(self.model.parameters()).device
 
     @torch.no_grad()
-    def _fast_decoder(self, ids: torch.Tensor, mask: torch.Tensor, length: int) -> _LlamaDecoder | None:
+    def _fast_decoder(
+        self, ids: torch.Tensor, mask: torch.Tensor, length: int
+    ) -> _LlamaDecoder | None:
         """The fast sampling path if this model has one, checked once against its forward."""
         if not self.cfg.fast_sampling or self._decoder is False:
             return None
@@ -619,7 +645,8 @@ class LanguageModelPolicy(nn.Module):
             if not dec.verified:
                 log.warning(
                     "the fast sampling path disagrees with %s's forward; sampling through "
-                    "transformers instead", type(self.base_model).__name__,
+                    "transformers instead",
+                    type(self.base_model).__name__,
                 )
                 self._decoder = False
                 return None
@@ -646,8 +673,11 @@ class LanguageModelPolicy(nn.Module):
             got = [dec.step(ids, pos[:, :L], None if key is None else key[:, :L])]
             for j in range(2):
                 got.append(
-                    dec.step(seq[:, L + j : L + j + 1], pos[:, L + j : L + j + 1],
-                             None if key is None else key[:, : L + j + 1])
+                    dec.step(
+                        seq[:, L + j : L + j + 1],
+                        pos[:, L + j : L + j + 1],
+                        None if key is None else key[:, : L + j + 1],
+                    )
                 )
             got_t = torch.stack(got, 1).float()
             scale = float(want.abs().max().clamp_min(1.0))
@@ -720,7 +750,9 @@ class LanguageModelPolicy(nn.Module):
         lengths = rollout.completion_mask.sum(1).tolist()
         rows = [ids[:n] for ids, n in zip(rollout.completion_ids.tolist(), lengths)]
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", True):
+        if backend is not None and not getattr(
+            self.tokenizer, "clean_up_tokenization_spaces", True
+        ):
             # what batch_decode does for a fast tokenizer without clean-up, minus its overhead
             return backend.decode_batch(rows, skip_special_tokens=True)
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)

@@ -43,9 +43,7 @@ def task_options(name: str) -> set[str]:
         if init is None:
             continue
         params = inspect.signature(init).parameters.values()
-        names |= {
-            p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        }
+        names |= {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         # a constructor without **kwargs ends the chain of forwarded options
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break

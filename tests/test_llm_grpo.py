@@ -498,9 +498,15 @@ def test_automatic_micro_batches_follow_the_lengths(model_dir, data_file):
 
     def batch(lengths):
         cm = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()
-        return Rollout(torch.ones(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.long),
-                       torch.ones(n, T, dtype=torch.long), cm, torch.zeros(n, dtype=torch.bool),
-                       None, torch.arange(n))
+        return Rollout(
+            torch.ones(n, 4, dtype=torch.long),
+            torch.ones(n, 4, dtype=torch.long),
+            torch.ones(n, T, dtype=torch.long),
+            cm,
+            torch.zeros(n, dtype=torch.bool),
+            None,
+            torch.arange(n),
+        )
 
     rows = torch.arange(n)
     even = batch([T] * n)

@@ -200,4 +200,6 @@ def test_recurrent_checkpoint_evaluates(tmp_path):
 def test_a_run_directory_is_never_reused_without_resume(tmp_path):
     _train(tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"])
     with pytest.raises(ValueError, match="already holds a run"):
-        _train(tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"])
+        _train(
+            tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"]
+        )
