@@ -199,6 +199,7 @@ def evaluate_onnx(
     *,
     strict_safety: bool = False,
     counters: dict[str, int] | None = None,
+    zero_noise: bool = False,
 ) -> dict[str, Any]:
     """Evaluate an exported policy file in the simulator; the checkpoint's statistics.
 
@@ -206,7 +207,10 @@ def evaluate_onnx(
     keys of :func:`training.artifacts.evaluate_checkpoint`. The task is the metadata's
     unless given. ``randomize`` turns on the task's sim-to-real defaults (domain
     randomization, observation noise, action latency, pushes). If ``counters`` is a
-    dict, the summed safety-layer counts are written into it.
+    dict, the summed safety-layer counts are written into it. A generative policy
+    (diffusion) samples with noise drawn from a Generator seeded by ``seed``, as it runs
+    on the robot; ``zero_noise`` feeds it zeros instead (one fixed draw per decision,
+    which understates a policy trained to sample).
 
     Raises FileNotFoundError for a missing file, :class:`Sim2SimLoadError` (a
     PolicyLoadError) for a file onnxruntime cannot load, MetadataError for bad metadata
@@ -215,7 +219,7 @@ def evaluate_onnx(
     from training.evaluate import evaluate
 
     try:
-        policy = OnnxPolicy(path, deterministic=True)
+        policy = OnnxPolicy(path, seed=seed, deterministic=zero_noise)
     except PolicyLoadError as exc:
         raise Sim2SimLoadError(str(exc)) from exc
     meta = policy.metadata
@@ -234,7 +238,10 @@ def evaluate_onnx(
         env.close()
     if counters is not None:
         counters.update(actor.counters)
-    return {"task": task or meta.task, "source": str(path), "randomize": randomize, **stats}
+    out = {"task": task or meta.task, "source": str(path), "randomize": randomize, **stats}
+    if policy.is_generative:
+        out["zero_noise"] = zero_noise
+    return out
 
 
 def _main(argv: list[str] | None = None) -> int:  # python -m deploy.sim2sim, for debugging
@@ -247,6 +254,7 @@ def _main(argv: list[str] | None = None) -> int:  # python -m deploy.sim2sim, fo
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--randomize", action="store_true")
     p.add_argument("--strict-safety", action="store_true")
+    p.add_argument("--zero-noise", action="store_true")
     a = p.parse_args(argv)
     counters: dict[str, int] = {}
     stats = evaluate_onnx(
@@ -257,6 +265,7 @@ def _main(argv: list[str] | None = None) -> int:  # python -m deploy.sim2sim, fo
         a.randomize,
         strict_safety=a.strict_safety,
         counters=counters,
+        zero_noise=a.zero_noise,
     )
     print(json.dumps({**stats, "safety": counters}))
     return 0

@@ -252,10 +252,16 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
     assert meta.task == "hopper" and meta.run_id == "a"
     policy, dcfg, _ = load_diffusion_checkpoint(tmp_path / "a")
     torch_stats = evaluate_diffusion(policy, dcfg, episodes=2, seed=5)
-    onnx_stats = evaluate_onnx(onnx_path, episodes=2, seed=5, safety=False)
+    onnx_stats = evaluate_onnx(onnx_path, episodes=2, seed=5, safety=False, zero_noise=True)
     assert onnx_stats["return_mean"] == pytest.approx(
         torch_stats["return_mean"], rel=1e-3, abs=1e-2
     )
+    # by default the file samples as on the robot: seeded noise, so repeatable per seed
+    sampled = [evaluate_onnx(onnx_path, episodes=2, seed=s, safety=False) for s in (5, 5, 6)]
+    assert sampled[0]["zero_noise"] is False
+    assert sampled[0]["return_mean"] == sampled[1]["return_mean"]
+    assert sampled[0]["return_mean"] != sampled[2]["return_mean"]
+    assert sampled[0]["return_mean"] != onnx_stats["return_mean"]
 
 
 def test_dppo_config_errors(tmp_path):

@@ -77,11 +77,20 @@ def evaluate_source(
     episodes: int = 10,
     seed: int = 0,
     randomize: bool = False,
+    zero_noise: bool = False,
 ) -> dict[str, Any]:
+    """Statistics of a run, checkpoint or policy.onnx; `zero_noise`: see `evaluate_onnx`."""
     if str(source).endswith(".onnx"):
         from deploy.sim2sim import evaluate_onnx
 
-        return evaluate_onnx(source, task=task, episodes=episodes, seed=seed, randomize=randomize)
+        return evaluate_onnx(
+            source,
+            task=task,
+            episodes=episodes,
+            seed=seed,
+            randomize=randomize,
+            zero_noise=zero_noise,
+        )
     if checkpoint_kind(source) in DIFFUSION_KINDS:
         from training.dppo_runner import evaluate_diffusion, load_diffusion_checkpoint
 
@@ -94,8 +103,14 @@ def evaluate_source(
             raise CheckpointError(
                 f"{source} holds a policy for task {cfg.env.task!r}, not {task!r}"
             )
-        stats = evaluate_diffusion(policy, cfg, episodes, seed=seed, deterministic=False)
-        return {"task": cfg.env.task, "source": str(source), "randomize": False, **stats}
+        stats = evaluate_diffusion(policy, cfg, episodes, seed=seed, deterministic=zero_noise)
+        return {
+            "task": cfg.env.task,
+            "source": str(source),
+            "randomize": False,
+            "zero_noise": zero_noise,
+            **stats,
+        }
     return evaluate_checkpoint(source, task, episodes, seed, randomize)
 
 

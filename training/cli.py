@@ -126,12 +126,22 @@ def _cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     p.add_argument(
         "--randomize", action="store_true", help="domain randomization, noise and latency on"
     )
+    p.add_argument(
+        "--zero-noise",
+        action="store_true",
+        help="diffusion policies: zero noise (one fixed draw) instead of seeded sampling",
+    )
     p.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
     a = p.parse_args(rest)
     from training.artifacts import evaluate_source
 
     stats = evaluate_source(
-        a.source, task=a.task, episodes=a.episodes, seed=a.seed, randomize=a.randomize
+        a.source,
+        task=a.task,
+        episodes=a.episodes,
+        seed=a.seed,
+        randomize=a.randomize,
+        zero_noise=a.zero_noise,
     )
     if a.json:
         print(json.dumps(stats))
