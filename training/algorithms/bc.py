@@ -86,7 +86,9 @@ class BC:
             self.modules = [policy.actor]
             policy.actor_obs_normalizer.update(obs)
         self.params = [p for m in self.modules for p in m.parameters()]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
+        )
         # a warm-up longer than the run is cut to fit it
         warmup = min(cfg.warmup, cfg.num_updates - 1)
         self.schedule = CosineSchedule(cfg.lr, cfg.lr_final, cfg.num_updates, warmup)

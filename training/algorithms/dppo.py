@@ -304,7 +304,8 @@ class DPPO:
             [
                 {"params": actor_params, "lr": cfg.actor_lr},
                 {"params": critic_params, "lr": cfg.critic_lr},
-            ]
+            ],
+            fused=True,
         )
         self.value_normalizer = (
             ValueNormalizer().to(self.device) if cfg.value_normalization else None
@@ -499,7 +500,7 @@ class DPPO:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 max_norm = math.inf if cfg.max_grad_norm is None else cfg.max_grad_norm
-                norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
                 vals = [
                     float(pstats["policy_loss"]),
                     float(vl.detach()),

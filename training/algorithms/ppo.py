@@ -185,7 +185,9 @@ class PPO:
         self.policy.to(self.device)  # type: ignore[attr-defined]
         self.loss_cfg = cfg.loss_config()
         self.params = [p for p in policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr)
+        # fused: one kernel for all parameters; the per-tensor loop costs ~3x as much on
+        # the CPU, where small networks make the optimizer step a large share of an update
+        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, fused=True)
         self.adaptive: AdaptiveKL | None = None
         self.schedule: ConstantSchedule | LinearSchedule | CosineSchedule | None = None
         if cfg.schedule == "adaptive":
@@ -373,7 +375,7 @@ class PPO:
         assert synced is not None
         # with max_norm = inf this only measures the norm (no clipping)
         max_norm = math.inf if cfg.max_grad_norm is None else cfg.max_grad_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
         entropy = pstats.get("entropy", ev.entropy.mean().detach())
         # the one host sync of the step: the rate and the NaN guard both need numbers
         values = torch.stack(
