@@ -346,8 +346,8 @@ def test_simulated_robot_stands_with_a_standing_policy(ros_setup, test_policies)
 
 @pytest.mark.skipif(
     not TRAINED_POLICY.exists(),
-    reason=f"needs the trained quadruped policy {TRAINED_POLICY} (the export of "
-    "runs/quadruped_main; SIM2REAL_ROS_TEST_POLICY=path overrides)",
+    reason=f"needs the trained quadruped policy {TRAINED_POLICY} (made as "
+    "tests/data/README.md says; SIM2REAL_ROS_TEST_POLICY=path overrides)",
 )
 def test_closed_loop_walk_follows_forward_command(ros_setup):
     _, _, h, spawn = ros_setup

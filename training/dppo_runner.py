@@ -740,6 +740,31 @@ def _flag_overrides(a: argparse.Namespace, steps_key: str) -> list[str]:
     return out
 
 
+def _resumed(a: argparse.Namespace, kind: str, what: str, overrides: list[str]) -> tuple[Any, Path]:
+    """The config and run directory of `--resume`, refusing a run of another kind."""
+    ck = load_checkpoint(find_checkpoint(a.resume))
+    if ck.get("kind") != kind:
+        raise CheckpointError(f"{a.resume} is not {what}")
+    cfg = apply_overrides(_config_from_ck(ck), overrides)
+    return cfg, Path(a.run_dir) if a.run_dir else find_checkpoint(a.resume).parent.parent
+
+
+def _report(a: argparse.Namespace, algo: str, out: dict, done: str, run_dir: Path) -> int:
+    if out["stopped_early"]:
+        print(f"stopped; resume with: sim2real train {algo} --resume {run_dir}")
+        return 0
+    ev = out.get("eval")
+    figure = (
+        f"eval return {ev['return_mean']:.2f} ± {ev['return_std']:.2f} over {ev['episodes']} episodes"
+        if ev
+        else "no final evaluation"
+    )
+    print(f"{algo}: {done}; {figure}; run dir {run_dir}")
+    if a.export:
+        print(f"exported: {export_diffusion(run_dir)}")
+    return 0
+
+
 def train_bc_cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="sim2real train bc",
@@ -753,11 +778,7 @@ def train_bc_cli(argv: list[str]) -> int:
     a = p.parse_args(argv)
     overrides = _flag_overrides(a, "bc.num_updates")
     if a.resume:
-        ck = load_checkpoint(find_checkpoint(a.resume))
-        if ck.get("kind") != "diffusion_bc":
-            raise CheckpointError(f"{a.resume} is not a diffusion BC run")
-        cfg = apply_overrides(_config_from_ck(ck), overrides)
-        run_dir = Path(a.run_dir) if a.run_dir else find_checkpoint(a.resume).parent.parent
+        cfg, run_dir = _resumed(a, "diffusion_bc", "a diffusion BC run", overrides)
     else:
         if not a.data:
             raise ConfigError("sim2real train bc needs --data <demonstrations.hdf5>")
@@ -766,19 +787,7 @@ def train_bc_cli(argv: list[str]) -> int:
         run_dir = Path(a.run_dir) if a.run_dir else _default_run_dir(task, "bc")
     runner = BCRunner(cfg, run_dir, resume=a.resume)
     out = runner.train()
-    if out["stopped_early"]:
-        print(f"stopped; resume with: sim2real train bc --resume {run_dir}")
-        return 0
-    ev = out.get("eval")
-    figure = (
-        f"eval return {ev['return_mean']:.2f} ± {ev['return_std']:.2f} over {ev['episodes']} episodes"
-        if ev
-        else "no final evaluation"
-    )
-    print(f"bc: {out['updates']} updates; {figure}; run dir {run_dir}")
-    if a.export:
-        print(f"exported: {export_diffusion(run_dir)}")
-    return 0
+    return _report(a, "bc", out, f"{out['updates']} updates", run_dir)
 
 
 def train_dppo_cli(argv: list[str]) -> int:
@@ -794,11 +803,7 @@ def train_dppo_cli(argv: list[str]) -> int:
     a = p.parse_args(argv)
     overrides = _flag_overrides(a, "run.total_steps")
     if a.resume:
-        ck = load_checkpoint(find_checkpoint(a.resume))
-        if ck.get("kind") != "dppo":
-            raise CheckpointError(f"{a.resume} is not a DPPO run")
-        cfg = apply_overrides(_config_from_ck(ck), overrides)
-        run_dir = Path(a.run_dir) if a.run_dir else find_checkpoint(a.resume).parent.parent
+        cfg, run_dir = _resumed(a, "dppo", "a DPPO run", overrides)
     else:
         if not a.init:
             raise ConfigError("sim2real train dppo needs --init <pretrained diffusion run>")
@@ -807,16 +812,4 @@ def train_dppo_cli(argv: list[str]) -> int:
     runner = DPPORunner(cfg, run_dir, resume=a.resume)
     out = runner.train()
     runner.close()
-    if out["stopped_early"]:
-        print(f"stopped; resume with: sim2real train dppo --resume {run_dir}")
-        return 0
-    ev = out.get("eval")
-    figure = (
-        f"eval return {ev['return_mean']:.2f} ± {ev['return_std']:.2f} over {ev['episodes']} episodes"
-        if ev
-        else "no final evaluation"
-    )
-    print(f"dppo: {out['env_steps']:,} env steps; {figure}; run dir {run_dir}")
-    if a.export:
-        print(f"exported: {export_diffusion(run_dir)}")
-    return 0
+    return _report(a, "dppo", out, f"{out['env_steps']:,} env steps", run_dir)
