@@ -45,14 +45,14 @@ class EnvConfig:
         if self.num_envs < 1:
             raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
         known = task_options(self.task)  # unknown task: a clear error now, not later
-        unknown = sorted(set(self.task_args) - known - {"num_threads", "max_episode_steps"})
+        clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps"})
+        if clash:
+            raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
+        unknown = sorted(set(self.task_args) - known)
         if unknown:
             raise ValueError(
                 f"env.task_args: {self.task!r} has no option(s) {unknown}; known: {sorted(known)}"
             )
-        clash = sorted({"num_threads", "max_episode_steps"} & set(self.task_args))
-        if clash:
-            raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
 
 
 @dataclass
@@ -214,6 +214,7 @@ class PPORunner:
         self.policy.train()
         self.iteration = 0
         self.env_steps = 0
+        self.env_terms: dict[str, float] = {}  # the last rollout's task terms, for the log
         self.recent_returns: deque[float] = deque(maxlen=100)
         self.recent_lengths: deque[float] = deque(maxlen=100)
         self.obs: dict[str, torch.Tensor] | None = None
@@ -332,12 +333,16 @@ class PPORunner:
                 self.ppo.process_env_step(obs, reward, terminated, truncated, info)
                 for k, v in info.items():
                     if isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim == 1:
-                        terms[k] = terms.get(k, 0.0) + v.mean()
+                        if k in terms:
+                            terms[k].add_(v)
+                        else:
+                            terms[k] = v.clone()
                 if "episode" in info:
                     ep = info["episode"]
                     finished.append((ep["return"][ep["done"]], ep["length"][ep["done"]]))
         self.obs = obs
-        self.env_terms = {f"env/{k}": float(v) / self.cfg.ppo.num_steps for k, v in terms.items()}
+        n = self.cfg.ppo.num_steps
+        self.env_terms = {f"env/{k}": float(v.mean()) / n for k, v in terms.items()}
         for r, n in finished:
             self.recent_returns.extend(r.cpu().tolist())
             self.recent_lengths.extend(n.cpu().tolist())
