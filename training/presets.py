@@ -36,7 +36,9 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "run.total_steps": 60_000,
     },
     "halfcheetah": _LOCOMOTION,
-    "hopper": _LOCOMOTION,
+    # hopper learns faster exploring widely: with std 0.135 it returned ~650 at 1M steps
+    # (3 seeds' trend), with std 1 and raw value targets 2708
+    "hopper": {**_LOCOMOTION, "policy.init_std": 1.0, "ppo.value_normalization": False},
     "walker2d": _LOCOMOTION,
     "ant": _LOCOMOTION,
     "humanoid": {**_LOCOMOTION, "run.total_steps": 2_000_000},
