@@ -11,6 +11,7 @@ import copy
 import os
 
 import mujoco
+import numba
 import numpy as np
 from mujoco import batch as mjbatch
 
@@ -117,6 +118,9 @@ class PoolEngine:
         self.model = model
         self.num_envs = num_envs
         self.nthread = nthread or default_threads()
+        # numba starts its whole pool for every parallel region unless told otherwise: at
+        # fewer chunks than pool threads the idle ones only spin, on cores others need
+        self._pool_threads = max(1, min(self.nthread, numba.config.NUMBA_NUM_THREADS))
         self.rne_post = rne_post
         self._models: list[mujoco.MjModel] = [model]
         self._datas = [mujoco.MjData(model) for _ in range(num_envs)]
@@ -176,18 +180,22 @@ class PoolEngine:
         self.written_model_fields.add(name)
 
     def set_const(self, ids: np.ndarray) -> None:
+        numba.set_num_threads(self._pool_threads)
         native.setconst_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
 
     # -- stepping ------------------------------------------------------------------
     def step(self, ctrl: np.ndarray, nsub: int) -> None:
         ctrl = np.ascontiguousarray(ctrl, dtype=np.float64)
         addrs = self._field("data", "ctrl")[0]
+        numba.set_num_threads(self._pool_threads)
         native.step_pool(self._m_addr, self._d_addr, addrs, ctrl, nsub, self.rne_post, self.nthread)
 
     def reset(self, ids: np.ndarray) -> None:
+        numba.set_num_threads(self._pool_threads)
         native.reset_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
 
     def forward(self, ids: np.ndarray) -> None:
+        numba.set_num_threads(self._pool_threads)
         native.forward_pool(
             self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.rne_post, self.nthread
         )
