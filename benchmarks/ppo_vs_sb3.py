@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -215,7 +216,8 @@ def main() -> None:
             f"    sb3 (RL Zoo hyperparameters): first reached after {t_sb3:.0f} s ({s_sb3:,} steps)"
         )
         if t_ours is None:
-            best = max(r for _, _, r in ours["curve"])
+            # the first iterations end no episode: their return is NaN
+            best = max((r for _, _, r in ours["curve"] if math.isfinite(r)), default=float("nan"))
             print(f"    ours (preset): never reached it; best training return {best:.0f}")
         else:
             print(
