@@ -113,8 +113,9 @@ def ours_same(steps: int, seed: int, out: Path) -> dict:
         "policy.activation=tanh", "ppo.value_clip=none", "ppo.value_coef=0.5", "ppo.max_grad_norm=0.5",
         f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false", "run.video=false",
     ])  # fmt: skip
-    t0 = time.perf_counter()
     runner = PPORunner(cfg, out / "same")
+    # timed like SB3's learn(): training only, not building the learner and its env
+    t0 = time.perf_counter()
     summary = runner.train()
     wall = time.perf_counter() - t0
     ev = evaluate_checkpoint(out / "same", None, episodes=10, seed=100)
