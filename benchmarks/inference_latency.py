@@ -45,7 +45,8 @@ def _quadruped_policy(train_steps: int, workdir: Path):
     """(inference module, metadata, description) of a quadruped policy."""
     from deploy.export import metadata_from_checkpoint
     from training.config import config_hash, to_dict
-    from training.runner import PPORunner, build_config, code_version, make_env, make_policy
+    from training.run_control import code_version
+    from training.runner import PPORunner, build_config, make_env, make_policy
 
     quiet = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
     if train_steps > 0:

@@ -38,7 +38,8 @@ from training.config import ConfigError, apply_overrides, config_hash, from_dict
 from training.demos import DatasetError, DemoDataset, load_demos
 from training.evaluate import evaluate
 from training.metrics import MetricsLogger
-from training.runner import EnvConfig, _Interrupt, code_version
+from training.run_control import Interrupt, code_version
+from training.runner import EnvConfig
 
 __all__ = [
     "BCRunConfig",
@@ -396,7 +397,7 @@ class BCRunner:
         losses: deque[float] = deque(maxlen=cfg.run.log_every)
         stopped = False
         t0 = time.perf_counter()
-        with _Interrupt() as interrupt:
+        with Interrupt() as interrupt:
             while self.bc.num_updates < total:
                 s = self.bc.update()
                 losses.append(s["loss"])
@@ -605,7 +606,7 @@ class DPPORunner:
                 desc=f"dppo {cfg.env.task}",
             )
         stopped = False
-        with _Interrupt() as interrupt:
+        with Interrupt() as interrupt:
             while self.iteration < total_iters:
                 t0 = time.perf_counter()
                 self._rollout()

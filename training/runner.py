@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from training.config import ConfigError, apply_overrides, config_hash, from_dict, to_dict
 from training.metrics import MetricsLogger
 from training.presets import PPO_PRESETS
+from training.run_control import Interrupt, code_version
 
 
 @dataclass
@@ -97,20 +96,6 @@ def build_config(task: str, overrides: list[str] | dict[str, Any] | None = None)
     return apply_overrides(cfg, overrides or [])
 
 
-def code_version() -> str:
-    try:
-        here = Path(__file__).resolve().parent.parent
-        out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def make_env(
     cfg: PPOTrainConfig, num_envs: int | None = None, seed: int | None = None, randomize=None
 ):
@@ -150,31 +135,6 @@ def check_architecture(saved: dict[str, Any], here: dict[str, Any], source: str)
                 f"checkpoint {source} was trained with {key}={saved.get(key)!r}, "
                 f"but this run has {key}={here.get(key)!r}"
             )
-
-
-class _Interrupt:
-    """First SIGINT/SIGTERM: finish the iteration, checkpoint, stop. Second: stop now."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 class PPORunner:
@@ -363,7 +323,7 @@ class PPORunner:
                 desc=cfg.env.task,
             )
         stopped_early = False
-        with _Interrupt() as interrupt:
+        with Interrupt() as interrupt:
             while self.iteration < total_iters:
                 t0 = time.perf_counter()
                 self._rollout()

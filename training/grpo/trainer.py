@@ -26,8 +26,6 @@ import logging
 import math
 import os
 import random
-import signal
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +44,7 @@ from training.grpo.loss import advantages as group_advantages
 from training.grpo.loss import grpo_loss, loss_config
 from training.metrics import MetricsLogger
 from training.rewards import RewardError, RewardFn, RewardModel, resolve
+from training.run_control import Interrupt, code_version
 
 log = logging.getLogger("sim2real.grpo")
 
@@ -54,45 +53,6 @@ CHECKPOINT_KIND = "grpo"
 _PASS_COST = 256
 # statistics of training.core.policy_loss that are means over valid tokens
 _TOKEN_MEAN_STATS = frozenset({"clip_frac", "approx_kl", "ratio_mean", "off_policy_weight_mean"})
-
-
-def code_version() -> str:
-    try:
-        here = Path(__file__).resolve().parents[2]
-        out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-class _Interrupt:
-    """First SIGINT/SIGTERM: finish the step, checkpoint, stop. Second: stop now."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupt:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 def _truncate_jsonl(path: Path, step: int) -> None:
@@ -572,7 +532,7 @@ class GRPOTrainer:
             bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, desc="grpo")
         history: list[dict[str, float]] = []
         stopped = False
-        with _Interrupt() as interrupt:
+        with Interrupt() as interrupt:
             while self.step < total:
                 row = self.train_step()
                 history.append(row)
