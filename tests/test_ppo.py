@@ -77,7 +77,7 @@ def params(algo: PPO):
         ({"max_grad_norm": 0.0}, "max_grad_norm"),
         ({"entropy_coef": -0.01}, "entropy_coef"),
         ({"schedule": "step"}, "schedule"),
-        ({"schedule": "cosine"}, "total_updates"),
+        ({"schedule": "cosine", "total_updates": 0}, "total_updates"),
         ({"schedule": "linear", "total_updates": 10, "warmup_updates": 10}, "warmup_updates"),
         ({"lr": 0.1}, "lr"),  # above lr_max for the adaptive schedule
         ({"desired_kl": 0.0}, "desired_kl"),
@@ -96,6 +96,9 @@ def test_config_builds_core_loss_and_rejects_impossible_batches():
     assert (lc.clip, lc.eps_low, lc.eps_high, lc.entropy_coef) == ("dual", 0.1, 0.3, 0.01)
     with pytest.raises(ValueError, match="num_minibatches"):
         make_ppo(num_envs=2, rnn_type="gru", num_minibatches=4)
+    # a decaying schedule without its length is caught where the learner is built
+    with pytest.raises(ValueError, match="needs total_updates"):
+        make_ppo(schedule="linear")
 
 
 # ------------------------------------------------------------------------- bootstrapping

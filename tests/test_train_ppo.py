@@ -203,3 +203,21 @@ def test_a_run_directory_is_never_reused_without_resume(tmp_path):
         _train(
             tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"]
         )
+
+
+def test_linear_schedule_length_follows_the_step_budget(tmp_path):
+    extra = ["env.num_envs=4", "ppo.num_steps=16", "ppo.schedule=linear", "ppo.lr=1e-3"]
+    run = _train(tmp_path, "lin", "cartpole", extra + ["run.total_steps=320"])
+    # 320 steps / 64 per update = 5 updates: the rate has decayed to lr_final = 0 at the end
+    assert run.ppo.cfg.total_updates == 5
+    assert run.ppo.learning_rate == pytest.approx(0.0)
+    lrs = [json.loads(x)["ppo/lr"] for x in (tmp_path / "lin" / "metrics.jsonl").open()]
+    assert lrs == pytest.approx([8e-4, 6e-4, 4e-4, 2e-4, 0.0])
+    # a resume with twice the budget stretches the schedule: halfway through, half the rate
+    resumed = _train(
+        tmp_path, "lin", "cartpole", extra + ["run.total_steps=640"], resume=tmp_path / "lin"
+    )
+    assert resumed.ppo.cfg.total_updates == 10
+    assert resumed.ppo.learning_rate == pytest.approx(0.0)
+    lrs = [json.loads(x)["ppo/lr"] for x in (tmp_path / "lin" / "metrics.jsonl").open()]
+    assert lrs[5:] == pytest.approx([4e-4, 3e-4, 2e-4, 1e-4, 0.0])

@@ -7,6 +7,7 @@ rank 0 alone writes the run directory.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -165,7 +166,7 @@ class PPORunner:
         groups = self.env.observation_spec.groups
         self.ppo = PPO(
             self.policy,
-            cfg.ppo,
+            self._ppo_config(),
             num_envs=self.env.num_envs,
             obs_sizes={g: s.size for g, s in groups.items()},
             action_size=self.env.action_spec.size,
@@ -262,6 +263,9 @@ class PPORunner:
             )
         self.policy.load_state_dict(ck["policy"])
         self.ppo.load_state_dict(ck["algorithm"])
+        if self.cfg.ppo.total_updates is None and self.ppo.cfg.total_updates is not None:
+            # a derived schedule length follows this run's budget, which a resume may extend
+            self.ppo.set_schedule_length(self.ppo.cfg.total_updates)
         self.env.load_state_dict(ck["env"])
         self.obs = {k: v.to(self.device) for k, v in ck["obs"].items()}
         if ck["hidden"]:
@@ -276,6 +280,15 @@ class PPORunner:
         self.logger.truncate_after(self.env_steps)
 
     # ------------------------------------------------------------------ training
+    def _ppo_config(self) -> PPOConfig:
+        """cfg.ppo, with a decaying schedule's length derived from the step budget."""
+        ppo = self.cfg.ppo
+        if ppo.schedule in ("linear", "cosine") and ppo.total_updates is None:
+            per_update = self.env.num_envs * ppo.num_steps * self.world
+            total = max(1, math.ceil(self.cfg.run.total_steps / per_update))
+            ppo = dataclasses.replace(ppo, total_updates=max(total, ppo.warmup_updates + 1))
+        return ppo
+
     def _rollout(self) -> None:
         lo = torch.as_tensor(self.env.action_spec.low, dtype=torch.float32, device=self.device)
         hi = torch.as_tensor(self.env.action_spec.high, dtype=torch.float32, device=self.device)

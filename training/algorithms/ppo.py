@@ -54,7 +54,8 @@ class PPOConfig:
     schedule: "adaptive" (the rate follows the measured KL between the rollout policy and
         the current one, see desired_kl, lr_min, lr_max; adjusted every minibatch),
         "fixed", "linear" or "cosine" (from lr to lr_final over total_updates updates,
-        cosine after warmup_updates).
+        cosine after warmup_updates; total_updates None: the runner derives it from
+        run.total_steps, so a changed step budget keeps the schedule ending on time).
     max_kl: stop the epoch loop early once a minibatch's KL exceeds it (None: never).
     value_normalization: the critic regresses normalized returns (running statistics).
     loss: name of a policy-loss preset in training.core.POLICY_LOSS_PRESETS.
@@ -133,13 +134,16 @@ class PPOConfig:
             raise bad("schedule", f"must be one of {list(SCHEDULES)}")
         if self.schedule == "adaptive" and not self.lr_min <= self.lr <= self.lr_max:
             raise bad("lr", f"must be in [lr_min, lr_max] = [{self.lr_min}, {self.lr_max}]")
-        if self.schedule in ("linear", "cosine"):
-            if self.total_updates is None or self.total_updates < 1:
-                raise bad("total_updates", f"must be >= 1 for schedule {self.schedule!r}")
-            if not 0 <= self.warmup_updates < self.total_updates:
-                raise bad("warmup_updates", "must be in [0, total_updates)")
-        elif self.warmup_updates < 0:
+        if self.total_updates is not None and (
+            isinstance(self.total_updates, bool)
+            or not isinstance(self.total_updates, int)
+            or self.total_updates < 1
+        ):
+            raise bad("total_updates", "must be None or an integer >= 1")
+        if self.warmup_updates < 0:
             raise bad("warmup_updates", "must be >= 0")
+        if self.total_updates is not None and self.warmup_updates >= self.total_updates:
+            raise bad("warmup_updates", "must be in [0, total_updates)")
         if self.loss not in POLICY_LOSS_PRESETS:
             raise bad("loss", f"must name a preset in {sorted(POLICY_LOSS_PRESETS)}")
         try:
@@ -194,11 +198,14 @@ class PPO:
             self.adaptive = AdaptiveKL(cfg.lr, cfg.desired_kl, lr_min=cfg.lr_min, lr_max=cfg.lr_max)
         elif cfg.schedule == "fixed":
             self.schedule = ConstantSchedule(cfg.lr)
+        elif cfg.total_updates is None:
+            raise ValueError(
+                f"PPOConfig.schedule={cfg.schedule!r} needs total_updates (the PPO runner "
+                "derives it from run.total_steps)"
+            )
         elif cfg.schedule == "linear":
-            assert cfg.total_updates is not None
             self.schedule = LinearSchedule(cfg.lr, cfg.lr_final, cfg.total_updates)
         else:
-            assert cfg.total_updates is not None
             self.schedule = CosineSchedule(
                 cfg.lr, cfg.lr_final, cfg.total_updates, cfg.warmup_updates
             )
@@ -239,6 +246,13 @@ class PPO:
             return self.adaptive.lr
         assert self.schedule is not None
         return self.schedule(self.num_updates) * self.lr_scale
+
+    def set_schedule_length(self, total_updates: int) -> None:
+        """Stretch or shrink a linear/cosine schedule, e.g. when a resumed run's budget grew."""
+        if not isinstance(self.schedule, LinearSchedule | CosineSchedule):
+            raise ValueError(f"schedule {self.cfg.schedule!r} has no length to set")
+        self.schedule.total = total_updates
+        self._set_lr(self.learning_rate)
 
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
