@@ -15,6 +15,7 @@ from training.artifacts import evaluate_checkpoint
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.cli import main as cli_main
 from training.config import ConfigError
+from training.presets import PPO_PRESETS
 from training.runner import PPORunner, build_config, make_env, parameters_vector
 
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
@@ -221,3 +222,12 @@ def test_linear_schedule_length_follows_the_step_budget(tmp_path):
     assert resumed.ppo.learning_rate == pytest.approx(0.0)
     lrs = [json.loads(x)["ppo/lr"] for x in (tmp_path / "lin" / "metrics.jsonl").open()]
     assert lrs[5:] == pytest.approx([4e-4, 3e-4, 2e-4, 1e-4, 0.0])
+
+
+@pytest.mark.parametrize("task", sorted(PPO_PRESETS))
+def test_every_preset_builds_a_valid_config(task):
+    cfg = build_config(task)
+    per_update = cfg.env.num_envs * cfg.ppo.num_steps
+    # a minibatch must hold at least one sample, and the budget at least one update
+    assert per_update >= cfg.ppo.num_minibatches
+    assert cfg.run.total_steps >= per_update
