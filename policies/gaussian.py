@@ -305,10 +305,17 @@ class ActorCritic(nn.Module):
             )
         return x
 
-    def _normalize_critic(self, xc: torch.Tensor) -> torch.Tensor:
+    def _normalize_critic(
+        self, xc: torch.Tensor, x_normalized: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The critic's input; x_normalized: the actor's already normalized input, which
+        a symmetric critic shares (normalizing the same observation twice costs a few of
+        the many small ops that bound a small-network update on the CPU)."""
         if self.critic_obs_normalizer is not None:
             return self.critic_obs_normalizer(xc)
-        return xc if self.asymmetric else self.actor_obs_normalizer(xc)
+        if self.asymmetric:
+            return xc
+        return x_normalized if x_normalized is not None else self.actor_obs_normalizer(xc)
 
     def _obs(self, obs: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._group(obs, "policy", self.policy_obs_size)
@@ -364,7 +371,7 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """One step for a batch [B, D]: (mean, value, next hidden)."""
         x = self.actor_obs_normalizer(x)
-        xc = self._normalize_critic(xc)
+        xc = self._normalize_critic(xc, x)
         if self.actor_rnn is None or self.critic_rnn is None or hidden is None:
             return self.actor(x), self.critic(xc).squeeze(-1), None
         a_state, c_state = self._split(hidden)
@@ -437,7 +444,7 @@ class ActorCritic(nn.Module):
         """
         x, xc = self._obs(obs)
         x = self.actor_obs_normalizer(x)
-        xc = self._normalize_critic(xc)
+        xc = self._normalize_critic(xc, x)
         if self.actor_rnn is not None and self.critic_rnn is not None:
             if x.dim() != 3:
                 raise ValueError(

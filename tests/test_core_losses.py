@@ -347,3 +347,21 @@ def test_padding_with_infinite_log_probs_stays_out_of_loss_and_gradient(name):
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(v) for v in stats.values())
     assert torch.isfinite(new.grad).all() and new.grad[0, 1] == 0
+
+
+def test_no_mask_is_the_all_ones_mask_to_the_bit():
+    # the mask-free fast path must not change a single bit of the loss or its gradient
+    g = torch.Generator().manual_seed(0)
+    new = torch.randn(257, generator=g, requires_grad=True)
+    old, adv, ent = (torch.randn(257, generator=g) for _ in range(3))
+    cfg = get_loss_config("ppo", entropy_coef=0.01)
+    loss_a, stats_a = policy_loss(new, old, adv, cfg, entropy=ent)
+    (grad_a,) = torch.autograd.grad(loss_a, new)
+    loss_b, stats_b = policy_loss(new, old, adv, cfg, entropy=ent, mask=torch.ones(257))
+    (grad_b,) = torch.autograd.grad(loss_b, new)
+    assert torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    for k in stats_a:
+        assert torch.equal(stats_a[k], stats_b[k]), k
+    x = torch.randn(7, 5, generator=g)
+    assert torch.equal(aggregate(x), aggregate(x, torch.ones(7, 5)))
+    assert aggregate(torch.empty(0)).item() == 0.0

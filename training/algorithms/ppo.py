@@ -383,7 +383,8 @@ class PPO:
         with torch.no_grad():
             kl = gaussian_kl(batch.mean, batch.std, ev.mean, ev.std).mean()
             not_finite = (~torch.isfinite(loss)).to(kl.dtype)
-        self.optimizer.zero_grad(set_to_none=False)
+        # every parameter takes part in the loss, so fresh gradients equal zeroed ones
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         synced = self._sync_gradients(torch.stack([kl, not_finite]))
         assert synced is not None
