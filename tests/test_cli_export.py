@@ -71,6 +71,12 @@ def test_eval_of_the_exported_file(exported, capsys):
     want = json.loads(capsys.readouterr().out)
     assert got.pop("source") == str(onnx_path) and want.pop("source") == str(run)
     assert got.pop("task") == want.pop("task") == "cartpole"
+    # each episode is reported, and the summary is made of them
+    for stats in (got, want):
+        assert len(stats["returns"]) == len(stats["lengths"]) == 3
+        assert stats["return_mean"] == pytest.approx(sum(stats["returns"]) / 3)
+    assert got.pop("returns") == pytest.approx(want.pop("returns"), rel=1e-3)
+    assert got.pop("lengths") == want.pop("lengths")
     assert got == pytest.approx(want, rel=1e-3)
     assert main(["eval", str(onnx_path), "--episodes", "2", "--randomize"]) == 0
     assert "cartpole: return" in capsys.readouterr().out

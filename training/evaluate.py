@@ -7,6 +7,7 @@ so both report the same numbers in the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch
 ActFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
-def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> dict[str, float]:
+def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> dict[str, Any]:
     """Run each env's first episode to its end; `env.num_envs` must be >= `episodes`.
 
     Taking the first episode of every env (rather than the first `episodes` that end)
@@ -64,6 +65,10 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
         "length_mean": float(length[sel].mean()),
         "length_std": float(length[sel].std()),
         "completed": int(done[sel].sum()),
+        # per episode as well: a mean with a large std hides whether one episode failed
+        # (a fall, a flip) or all were mediocre
+        "returns": ret[sel].tolist(),
+        "lengths": length[sel].tolist(),
     }
     for k, v in extras.items():
         out[f"{k}_mean"] = float(np.mean(v))
