@@ -452,15 +452,8 @@ def policy_loss(
         )
         shown_ratio = shown_ratio.detach()
         stats["ratio_mean"] = _masked_mean(shown_ratio, m)
-        if m is None:
-            stats["ratio_max"] = (
-                shown_ratio.max() if shown_ratio.numel() else shown_ratio.new_zeros(())
-            )
-        else:
-            valid = m > 0
-            stats["ratio_max"] = (
-                shown_ratio[valid].max() if bool(valid.any()) else shown_ratio.new_zeros(())
-            )
+        valid = shown_ratio if m is None else shown_ratio[m > 0]
+        stats["ratio_max"] = valid.max() if valid.numel() else shown_ratio.new_zeros(())
         if off_policy_log_w is not None:
             stats["off_policy_weight_mean"] = _masked_mean(off_policy_w, m)
     return loss, stats
