@@ -6,7 +6,11 @@ and wall time per task beside stable-baselines3 RL Zoo's PPO figures (1M steps,
 Gymnasium v3 tasks; DLR-RM/rl-baselines3-zoo, benchmark.md). Quadruped: velocity
 tracking error of the trained policy.
 
-    python benchmarks/ppo_quality.py --tasks halfcheetah hopper walker2d ant --seeds 0 1 2 --steps 1000000
+    python benchmarks/ppo_quality.py --tasks halfcheetah hopper walker2d ant --seeds 0 1 2 --steps 1000000 \\
+        --figure docs/figures/ppo_quality_curves.png
+
+Finished runs in --out are reused (a run resumes from its last checkpoint), so a rerun
+only trains what is missing and can redraw the figure.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ RL_ZOO_PPO = {
 
 def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     from training.artifacts import evaluate_checkpoint
+    from training.metrics import read_metrics
     from training.runner import PPORunner, build_config
 
     cfg = build_config(
@@ -48,8 +53,42 @@ def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> di
     )
     runner.train()
     wall = time.perf_counter() - t0
+    # the metrics' per-iteration timings add up to the training time of the whole run,
+    # also when this call only resumed (or found finished) an earlier one
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train_s = sum(r["perf/rollout_seconds"] + r["perf/update_seconds"] for r in rows)
     stats = evaluate_checkpoint(run_dir, None, episodes=10, seed=10_000 + seed)
-    return {"task": task, "seed": seed, "steps": runner.env_steps, "wall_s": wall, **stats}
+    return {"task": task, "seed": seed, "steps": runner.env_steps, "wall_s": wall,
+            "train_s": train_s, **stats}  # fmt: skip
+
+
+def plot_curves(rows: list[dict], out: Path, figure: Path) -> None:
+    """Training return (stochastic policy, last 100 episodes) against env steps, per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from training.metrics import read_metrics
+
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for r in (r for r in rows if r["task"] == task):
+            metrics = read_metrics(out / f"{task}-s{r['seed']}" / "metrics.jsonl")
+            pts = [(m["step"], m["train/return"]) for m in metrics if "train/return" in m]
+            ax.plot(*zip(*pts), lw=1.2, label=f"seed {r['seed']}: eval {r['return_mean']:.0f}")
+        if task in RL_ZOO_PPO:
+            ax.axhline(RL_ZOO_PPO[task][0], color="k", ls="--", lw=1, label="RL Zoo PPO, 1M")
+        ax.set_title(task)
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("training return")
+    fig.tight_layout()
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figure, dpi=110)
+    print(f"figure: {figure}")
 
 
 def main() -> None:
@@ -61,6 +100,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1_000_000)
     p.add_argument("--out", default="runs/bench_ppo_quality")
     p.add_argument("--json", default=None)
+    p.add_argument("--figure", default=None, help="PNG of the learning curves")
     p.add_argument("overrides", nargs="*", help="section.field=value applied to every run")
     a = p.parse_args()
     out = Path(a.out)
@@ -76,21 +116,23 @@ def main() -> None:
             )
             print(
                 f"{task} seed {seed}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
-                f"{r['wall_s']:.0f} s{extra}",
+                f"training {r['train_s']:.0f} s (this call {r['wall_s']:.0f} s){extra}",
                 flush=True,
             )
     print(f"\nmachine: {os.cpu_count()} CPUs; {a.steps:,} env steps per run, seeds {a.seeds}")
-    print(f"{'task':<12}{'median return':>15}{'median wall s':>15}{'RL Zoo PPO':>18}{'vs zoo':>9}")
+    print(f"{'task':<12}{'median return':>15}{'median train s':>15}{'RL Zoo PPO':>18}{'vs zoo':>9}")
     for task in a.tasks:
         rs = [r for r in rows if r["task"] == task]
         med = statistics.median(r["return_mean"] for r in rs)
-        wall = statistics.median(r["wall_s"] for r in rs)
+        wall = statistics.median(r["train_s"] for r in rs)
         zoo = RL_ZOO_PPO.get(task)
         zoo_s = f"{zoo[0]:.0f} ± {zoo[1]:.0f}" if zoo else "-"
         ratio = f"{med / zoo[0]:.2f}x" if zoo else "-"
         print(f"{task:<12}{med:>15.1f}{wall:>15.0f}{zoo_s:>18}{ratio:>9}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    if a.figure:
+        plot_curves(rows, out, Path(a.figure))
 
 
 if __name__ == "__main__":
