@@ -135,14 +135,24 @@ class PoolEngine:
         key = (kind, name)
         if key not in self._addr_cache:
             objs = self._datas if kind == "data" else self._models
-            arrays = [np.asarray(getattr(o, name)) for o in objs]
-            a0 = arrays[0]
+            values = [getattr(o, name) for o in objs]
+            # only arrays the bindings expose as views of MuJoCo's own buffers have a
+            # lasting address; np.asarray of a scalar such as MjData.time is a temporary,
+            # and caching its address would read and write freed memory
+            if not all(isinstance(v, np.ndarray) for v in values):
+                raise TypeError(f"{kind} field {name!r} is not an array; access it by attribute")
+            a0 = values[0]
             if not a0.flags.c_contiguous:
                 raise ValueError(f"{kind} field {name!r} is not contiguous")
-            self._addr_cache[key] = (native.addresses(arrays), a0.nbytes, a0.shape, a0.dtype)
+            self._addr_cache[key] = (native.addresses(values), a0.nbytes, a0.shape, a0.dtype)
         return self._addr_cache[key]
 
+    def _is_scalar(self, name: str) -> bool:
+        return not isinstance(getattr(self._datas[0], name), np.ndarray)
+
     def get(self, name: str) -> np.ndarray:
+        if self._is_scalar(name):
+            return np.array([getattr(d, name) for d in self._datas])
         addrs, nbytes, shape, dtype = self._field("data", name)
         out = np.empty((self.num_envs, *shape), dtype=dtype)
         if nbytes:
@@ -151,6 +161,10 @@ class PoolEngine:
 
     def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         ids = np.arange(self.num_envs) if ids is None else np.asarray(ids, dtype=np.int64)
+        if self._is_scalar(name):
+            for i, v in zip(ids, np.broadcast_to(values, (len(ids),))):
+                setattr(self._datas[i], name, v.item())
+            return
         addrs, nbytes, shape, dtype = self._field("data", name)
         src = np.ascontiguousarray(np.broadcast_to(values, (len(ids), *shape)), dtype=dtype)
         if nbytes:

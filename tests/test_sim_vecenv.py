@@ -163,3 +163,29 @@ def test_registered_and_described(task):
     obs = env.reset(seed=0)
     assert obs["policy"].shape == (2, env.observation_spec.policy.size)
     assert obs["policy"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("task", ["hopper", "ant"])  # BatchEngine, PoolEngine
+def test_engine_state_round_trip_includes_the_scalar_time(task):
+    # MjData.time is a Python float in the bindings, not a view of MuJoCo's memory: an
+    # engine that cached a raw address for it read garbage and wrote into freed memory
+    from sim.engine import engine_state, load_engine_state
+
+    env = sim.make(task, 3, seed=0)
+    env.reset(seed=0)
+    env.engine.set("time", np.array([1.5, 2.5, 3.5]))
+    np.testing.assert_array_equal(env.engine.get("time"), [1.5, 2.5, 3.5])
+    for _ in range(3):
+        env.step(torch.zeros(3, env.action_spec.size))
+    saved = engine_state(env.engine)
+    times = env.engine.get("time").copy()
+    qpos = env.engine.get("qpos").copy()
+    assert np.all(times > [1.5, 2.5, 3.5])
+
+    other = sim.make(task, 3, seed=1)
+    other.reset(seed=1)
+    load_engine_state(other.engine, saved)
+    np.testing.assert_array_equal(other.engine.get("time"), times)
+    np.testing.assert_array_equal(other.engine.get("qpos"), qpos)
+    if hasattr(other.engine, "get_data"):
+        assert [other.engine.get_data(i).time for i in range(3)] == list(times)
