@@ -127,6 +127,7 @@ class PoolEngine:
         self._m_addr = np.full(num_envs, model._address, dtype=np.uint64)
         self._d_addr = np.array([d._address for d in self._datas], dtype=np.uint64)
         self._addr_cache: dict[tuple[str, str], tuple[np.ndarray, int, tuple, np.dtype]] = {}
+        self._scalar: dict[str, bool] = {}
         self._per_env_models = False
         self.written_model_fields: set[str] = set()
 
@@ -148,7 +149,10 @@ class PoolEngine:
         return self._addr_cache[key]
 
     def _is_scalar(self, name: str) -> bool:
-        return not isinstance(getattr(self._datas[0], name), np.ndarray)
+        # asked on every get/set of the env step: one getattr per field, once
+        if name not in self._scalar:
+            self._scalar[name] = not isinstance(getattr(self._datas[0], name), np.ndarray)
+        return self._scalar[name]
 
     def get(self, name: str) -> np.ndarray:
         if self._is_scalar(name):

@@ -187,5 +187,4 @@ def test_engine_state_round_trip_includes_the_scalar_time(task):
     load_engine_state(other.engine, saved)
     np.testing.assert_array_equal(other.engine.get("time"), times)
     np.testing.assert_array_equal(other.engine.get("qpos"), qpos)
-    if hasattr(other.engine, "get_data"):
-        assert [other.engine.get_data(i).time for i in range(3)] == list(times)
+    assert [other.engine.get_data(i).time for i in range(3)] == list(times)
