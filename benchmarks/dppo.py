@@ -98,11 +98,19 @@ class Cache:
 
     def put(self, key: str, value: Any) -> Any:
         self.data[key] = value
+        self._write()
+        return value
+
+    def drop(self, *keys: str) -> None:
+        for key in keys:
+            self.data.pop(key, None)
+        self._write()
+
+    def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=1))
         os.replace(tmp, self.path)
-        return value
 
 
 # ---------------------------------------------------------------------- steps
@@ -188,11 +196,11 @@ def _eval_diffusion(policy, cfg, seed: int, deterministic: bool = False) -> dict
 def dppo(
     task: str, bc_dir: str, seed: int, out: Path, budget: int, evals: int, extra: list[str]
 ) -> dict[str, Any]:
-    from training.dppo_runner import DPPORunner, build_dppo_config
+    from training.config import config_hash
+    from training.dppo_runner import DPPORunner
 
     run_dir = out / task / f"dppo-s{seed}"
-    over = QUIET_DIFF + [f"run.seed={seed}", f"dppo.seed={seed}", f"run.total_steps={budget}"]
-    cfg = build_dppo_config(task, bc_dir, over + extra)
+    cfg = dppo_config(task, bc_dir, seed, budget, extra)
     runner = DPPORunner(cfg, run_dir)
     per_iter = runner.steps_per_iteration
     iters = math.ceil(budget / per_iter)
@@ -217,7 +225,16 @@ def dppo(
         "return": curve[-1]["return"],
         "return_deterministic": det["return_mean"],
         "curve": curve,
+        "config_hash": config_hash(cfg),
     }
+
+
+def dppo_config(task: str, bc_dir: str, seed: int, budget: int, extra: list[str]):
+    """The fine-tuning run's resolved config: DPPO defaults, the task's preset, `extra`."""
+    from training.dppo_runner import build_dppo_config
+
+    over = QUIET_DIFF + [f"run.seed={seed}", f"dppo.seed={seed}", f"run.total_steps={budget}"]
+    return build_dppo_config(task, bc_dir, over + extra)
 
 
 def _gauss_cfg(task: str, seed: int, budget: int, extra: list[str]):
@@ -590,6 +607,20 @@ def plot(cache: Cache, tasks: list[str], seeds: list[int], path: Path) -> Path:
 METHODS = ("bc", "dppo", "gbc", "gppo")
 
 
+def drop_if_stale(cache: Cache, task: str, seed: int, a: argparse.Namespace, first: bool) -> None:
+    """Forget a cached DPPO result whose settings differ from today's (a changed default
+    or preset, other --dppo-extra), with what was measured on its policy."""
+    from training.config import config_hash
+
+    k = f"{task}/dppo/s{seed}"
+    bc_dir = cache.get(f"{task}/bc/s{seed}")["run_dir"]
+    want = config_hash(dppo_config(task, bc_dir, seed, a.budget, a.dppo_extra))
+    if cache.get(k).get("config_hash") == want:
+        return
+    print(f"[{task} s{seed}] dppo: the cached result used other settings; running it again")
+    cache.drop(k, k + "/stochastic", *([f"{task}/onnx"] if first else []))
+
+
 def run_method(
     method: str, task: str, seed: int, demos: str, out: Path, a: argparse.Namespace, cache: Cache
 ) -> dict[str, Any]:
@@ -653,6 +684,8 @@ def main() -> None:
         for seed in a.seeds:
             for method in METHODS:
                 k = f"{task}/{method}/s{seed}"
+                if method == "dppo" and cache.get(k) is not None:
+                    drop_if_stale(cache, task, seed, a, first=seed == a.seeds[0])
                 if cache.get(k) is None:
                     r = cache.put(k, run_method(method, task, seed, demos["path"], out, a, cache))
                     print(

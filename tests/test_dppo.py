@@ -153,39 +153,40 @@ def test_update_uses_stored_log_probs_and_ratios_start_at_one():
     assert stats["bc_loss"] != 0.0
 
 
-def _make_bc_run(tmp_path):
-    """A tiny pretrained diffusion run on hopper from two short demonstrations."""
+def _make_bc_run(tmp_path, task: str = "hopper"):
+    """A tiny pretrained diffusion run on `task` from two short random demonstrations."""
+    from sim.registry import make
     from training.demos import DemoDataset, Episode, save_demos
     from training.dppo_runner import BCRunner, build_bc_config
 
+    env = make(task, 1)
+    group = env.observation_spec.policy
+    terms = [(t.name, t.size) for t in group.terms]
+    n_obs, n_act = group.frame_size, len(env.action_spec.joint_names)
     rng = np.random.default_rng(0)
     eps = [
         Episode(
-            rng.standard_normal((n, 11)).astype(np.float32),
-            rng.standard_normal((n, 11)).astype(np.float32),
-            rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+            rng.standard_normal((n, n_obs)).astype(np.float32),
+            rng.standard_normal((n, n_obs)).astype(np.float32),
+            rng.uniform(-1, 1, (n, n_act)).astype(np.float32),
             np.ones(n, np.float32),
             True,
         )
         for n in (12, 9)
     ]
     data = DemoDataset(
-        "hopper",
-        [("qpos", 5), ("qvel", 6)],
-        ["thigh_joint", "leg_joint", "foot_joint"],
-        np.full(3, -1.0),
-        np.full(3, 1.0),
-        0.008,
+        task,
+        terms,
+        list(env.action_spec.joint_names),
+        np.asarray(env.action_spec.low, np.float64),
+        np.asarray(env.action_spec.high, np.float64),
+        float(env.dt),
         eps,
     )
-    from sim.registry import make
-
-    env = make("hopper", 1)
-    data.action_joint_names = list(env.action_spec.joint_names)
     env.close()
     demos = save_demos(tmp_path / "demos.hdf5", data)
     cfg = build_bc_config(
-        "hopper",
+        task,
         str(demos),
         QUIET
         + [
@@ -277,6 +278,49 @@ def test_dppo_config_errors(tmp_path):
     bc = _make_bc_run(tmp_path)
     with pytest.raises(ConfigError, match="pretrained networks"):
         build_dppo_config("hopper", str(bc), ["policy.hidden=8,8"])
+
+
+def test_dppo_task_preset_sits_between_defaults_and_overrides(tmp_path):
+    from training.dppo_runner import build_dppo_config
+    from training.presets import DPPO_PRESETS
+
+    default = DPPOConfig()
+    hopper = build_dppo_config("hopper", str(_make_bc_run(tmp_path / "h")))
+    assert (hopper.dppo.clip, hopper.dppo.clip_base) == (default.clip, default.clip_base)
+    bc = str(_make_bc_run(tmp_path / "c", "halfcheetah"))
+    cheetah = build_dppo_config(None, bc)
+    preset = DPPO_PRESETS["halfcheetah"]
+    assert cheetah.dppo.clip == preset["dppo.clip"] != default.clip
+    assert cheetah.dppo.clip_base == preset["dppo.clip_base"] != default.clip_base
+    mine = build_dppo_config("halfcheetah", bc, ["dppo.clip=0.05"])
+    assert (mine.dppo.clip, mine.dppo.clip_base) == (0.05, preset["dppo.clip_base"])
+
+
+def test_dppo_benchmark_reruns_a_cached_result_made_with_other_settings(tmp_path):
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    from training.config import config_hash
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "dppo.py"
+    spec = importlib.util.spec_from_file_location("bench_dppo", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bc = str(_make_bc_run(tmp_path))
+    a = argparse.Namespace(budget=1000, dppo_extra=[])
+    today = config_hash(bench.dppo_config("hopper", bc, 0, 1000, []))
+    cache = bench.Cache(tmp_path / "results.json", fresh=False)
+    cache.put("hopper/bc/s0", {"run_dir": bc})
+    for h, kept in ((today, True), ("another", False)):
+        for k in ("hopper/dppo/s0", "hopper/dppo/s0/stochastic", "hopper/onnx"):
+            cache.put(k, {"config_hash": h})
+        bench.drop_if_stale(cache, "hopper", 0, a, first=True)
+        assert (cache.get("hopper/dppo/s0/stochastic") is not None) is kept
+    assert cache.get("hopper/dppo/s0") is None and cache.get("hopper/onnx") is None
+    assert cache.get("hopper/bc/s0") == {"run_dir": bc}
+    reread = bench.Cache(tmp_path / "results.json", fresh=False)
+    assert set(reread.data) == {"hopper/bc/s0"}
 
 
 def test_collect_from_a_diffusion_run_and_its_onnx(tmp_path):

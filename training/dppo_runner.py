@@ -38,6 +38,7 @@ from training.config import ConfigError, apply_overrides, config_hash, from_dict
 from training.demos import DatasetError, DemoDataset, load_demos
 from training.evaluate import evaluate
 from training.metrics import MetricsLogger
+from training.presets import DPPO_PRESETS
 from training.run_control import Interrupt, code_version
 from training.runner import EnvConfig
 
@@ -442,7 +443,8 @@ class BCRunner:
 def build_dppo_config(
     task: str | None, init: str, overrides: list[str] | dict[str, Any] | None = None
 ) -> DPPOTrainConfig:
-    """The pretrained run's task and policy, DPPO defaults, then the overrides.
+    """The pretrained run's task and policy, DPPO defaults, the task's preset, then the
+    overrides.
 
     Only the sampler fields of ``policy`` (sampler, sample_steps, eta) may be overridden:
     the networks are the pretrained ones.
@@ -477,6 +479,7 @@ def build_dppo_config(
                 f"{k}: a DPPO run keeps the pretrained networks; only policy."
                 f"{{{','.join(_SAMPLER_FIELDS)}}} may change"
             )
+    cfg = apply_overrides(cfg, DPPO_PRESETS.get(cfg.env.task, {}))
     return apply_overrides(cfg, overrides or [])
 
 

@@ -78,3 +78,13 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "run.total_steps": 5_000_000,
     },
 }
+
+# DPPO fine-tuning, on top of DPPOConfig's defaults (training.algorithms.dppo) and under
+# the user's overrides. halfcheetah fine-tunes with twice the default clip range (0.02 at
+# the noisiest fine-tuned step -> 0.2 at the last): 1M steps from the benchmark's BC
+# starts gave 1701 / 2494 / 1330 against 1282 / 1325 / 1227 with the default, while
+# hopper with the wider clip fell from 1222 / 1768 to 1191 / 1164 (seeds 0 / 1;
+# docs/benchmarks_dppo.md)
+DPPO_PRESETS: dict[str, dict[str, Any]] = {
+    "halfcheetah": {"dppo.clip": 0.2, "dppo.clip_base": 0.02},
+}
