@@ -201,6 +201,7 @@ def dppo(
 
     run_dir = out / task / f"dppo-s{seed}"
     cfg = dppo_config(task, bc_dir, seed, budget, extra)
+    settings = config_hash(cfg)  # before the loop below moves run.total_steps
     runner = DPPORunner(cfg, run_dir)
     per_iter = runner.steps_per_iteration
     iters = math.ceil(budget / per_iter)
@@ -225,7 +226,7 @@ def dppo(
         "return": curve[-1]["return"],
         "return_deterministic": det["return_mean"],
         "curve": curve,
-        "config_hash": config_hash(cfg),
+        "config_hash": settings,
     }
 
 

@@ -301,20 +301,21 @@ def test_dppo_benchmark_reruns_a_cached_result_made_with_other_settings(tmp_path
     import importlib.util
     from pathlib import Path
 
-    from training.config import config_hash
-
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "dppo.py"
     spec = importlib.util.spec_from_file_location("bench_dppo", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     bc = str(_make_bc_run(tmp_path))
-    a = argparse.Namespace(budget=1000, dppo_extra=[])
-    today = config_hash(bench.dppo_config("hopper", bc, 0, 1000, []))
+    tiny = ["env.num_envs=2", "dppo.num_steps=8", "dppo.num_epochs=1", "dppo.ft_steps=2"]
+    a = argparse.Namespace(budget=40, dppo_extra=tiny)
     cache = bench.Cache(tmp_path / "results.json", fresh=False)
     cache.put("hopper/bc/s0", {"run_dir": bc})
-    for h, kept in ((today, True), ("another", False)):
+    # a real result, evaluated along the way (which moves the runner's step budget)
+    run = bench.dppo("hopper", bc, 0, tmp_path, a.budget, 2, tiny)
+    assert run["env_steps"] == 48 and len(run["curve"]) == 3
+    for h, kept in ((run["config_hash"], True), ("another", False)):
         for k in ("hopper/dppo/s0", "hopper/dppo/s0/stochastic", "hopper/onnx"):
-            cache.put(k, {"config_hash": h})
+            cache.put(k, {**run, "config_hash": h})
         bench.drop_if_stale(cache, "hopper", 0, a, first=True)
         assert (cache.get("hopper/dppo/s0/stochastic") is not None) is kept
     assert cache.get("hopper/dppo/s0") is None and cache.get("hopper/onnx") is None
