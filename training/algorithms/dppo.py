@@ -59,7 +59,8 @@ class DPPOConfig:
     0.001 -> 0.01, floor 0.1, lr 1e-4), which go with far larger rollouts per update:
     with those, hopper did not move from its BC return in 1M env steps; with these,
     from the same kind of start, hopper went from 662 to 1 477 and halfcheetah from 592
-    to 1 278 (means of 3 seeds, 1M steps, docs/benchmarks_dppo.md).
+    to 1 278 (means of 3 seeds, 1M steps, docs/benchmarks_dppo.md). Per-task changes
+    live in training.presets.DPPO_PRESETS (halfcheetah: twice the clip range, 1 842).
 
     num_steps: env steps per env per rollout; num_epochs x num_minibatches updates.
     ft_steps: K', the fine-tuned last steps of the chain (<= policy sample_steps).
