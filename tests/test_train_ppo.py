@@ -231,3 +231,41 @@ def test_every_preset_builds_a_valid_config(task):
     # a minibatch must hold at least one sample, and the budget at least one update
     assert per_update >= cfg.ppo.num_minibatches
     assert cfg.run.total_steps >= per_update
+
+
+def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatch, capsys):
+    """(b) of benchmarks/ppo_vs_sb3.py: SB3's hour-long run is cached per (budget, seed)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_vs_sb3.py"
+    spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    sb3_calls: list[int] = []
+
+    def fake_sb3(steps, seed):
+        sb3_calls.append(steps)
+        # (wall s, steps, training return): first reaches its final 900 at 40 s
+        curve = [[20.0, 500, 300.0], [40.0, 1000, 950.0], [60.0, 1500, 900.0]]
+        return {"curve": curve, "final_train_return": 900.0, "eval_return": 1.0, "wall_s": 60.0}
+
+    def fake_ours(steps, seed, out):
+        return {
+            "curve": [(1.0, 100, float("nan")), (5.0, 200, 800.0), (8.0, 300, 901.0)],
+            "wall_s": 9,
+        }
+
+    monkeypatch.setattr(bench, "sb3_zoo", fake_sb3)
+    monkeypatch.setattr(bench, "ours_preset", fake_ours)
+    argv = ["ppo_vs_sb3.py", "--parts", "b", "--steps-b", "1500", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--sb3-only"])
+    bench.main()
+    assert sb3_calls == [1500] and (tmp_path / "sb3_zoo_s0_1500.json").exists()
+    assert "never" not in capsys.readouterr().out  # --sb3-only stops before our side
+    monkeypatch.setattr(sys, "argv", [*argv, "--json", str(tmp_path / "r.json")])
+    bench.main()
+    assert sb3_calls == [1500]  # read back, not rerun
+    res = json.loads((tmp_path / "r.json").read_text())["b"]
+    assert res["target"] == 900.0 and res["sb3"]["t"] == 40.0 and res["ours"]["t"] == 8.0
+    assert "speedup 5.0x" in capsys.readouterr().out
