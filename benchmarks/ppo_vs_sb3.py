@@ -126,19 +126,26 @@ def ours_same(steps: int, seed: int, out: Path) -> dict:
             "eval_return": ev["return_mean"], "wall_s": wall}  # fmt: skip
 
 
+# RL Zoo hyperparameters for HalfCheetah PPO (hyperparams/ppo.yml; normalize: true, 1 env)
+ZOO = dict(
+    batch_size=64, n_steps=512, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
+    clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8, vf_coef=0.58096,
+)  # fmt: skip
+ZOO_NET = dict(log_std_init=-2, ortho_init=False, activation="relu", pi=[256, 256], vf=[256, 256])
+
+
 def sb3_zoo(steps: int, seed: int) -> dict:
-    """RL Zoo hyperparameters for HalfCheetah PPO (hyperparams/ppo.yml)."""
+    """SB3 PPO with the RL Zoo's HalfCheetah settings (ZOO, ZOO_NET)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    venv = VecNormalize(make_vec_env("HalfCheetah-v5", n_envs=1, seed=seed), gamma=0.98)
+    venv = VecNormalize(make_vec_env("HalfCheetah-v5", n_envs=1, seed=seed), gamma=ZOO["gamma"])
+    net = ZOO_NET
     model = PPO(
-        "MlpPolicy", venv, batch_size=64, n_steps=512, gamma=0.98, learning_rate=2.0633e-05,
-        ent_coef=0.000401762, clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8,
-        vf_coef=0.58096, seed=seed, device="cpu",
-        policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
-                           net_arch=dict(pi=[256, 256], vf=[256, 256])),
+        "MlpPolicy", venv, seed=seed, device="cpu", **ZOO,
+        policy_kwargs=dict(log_std_init=net["log_std_init"], ortho_init=net["ortho_init"],
+                           activation_fn=torch.nn.ReLU, net_arch=dict(pi=net["pi"], vf=net["vf"])),
     )  # fmt: skip
     curve = _Curve()
     t0 = time.perf_counter()
@@ -211,12 +218,17 @@ def main() -> None:
     if "b" in a.parts:
         # SB3 with the Zoo's settings takes 20 min or more for 1M steps on this machine:
         # its result is kept per (budget, seed), so our side can be rerun against it
+        import stable_baselines3
+
         cache = out / f"sb3_zoo_s{a.seed}_{a.steps_b}.json"
-        if cache.exists():
-            sb3 = json.loads(cache.read_text())
+        made_with = {"zoo": ZOO, "net": ZOO_NET, "sb3": stable_baselines3.__version__}
+        sb3 = json.loads(cache.read_text()) if cache.exists() else None
+        if sb3 is not None and sb3.get("made_with") == made_with:
             print(f"(b) SB3 side read from {cache} (delete it to rerun SB3)", flush=True)
         else:
-            sb3 = sb3_zoo(a.steps_b, a.seed)
+            if sb3 is not None:
+                print(f"(b) {cache} was made with other settings or SB3: rerunning SB3")
+            sb3 = {**sb3_zoo(a.steps_b, a.seed), "made_with": made_with}
             tmp = cache.with_suffix(".tmp")
             tmp.write_text(json.dumps(sb3))
             tmp.replace(cache)  # never a half-written cache after an interruption

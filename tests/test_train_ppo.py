@@ -234,7 +234,8 @@ def test_every_preset_builds_a_valid_config(task):
 
 
 def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatch, capsys):
-    """(b) of benchmarks/ppo_vs_sb3.py: SB3's hour-long run is cached per (budget, seed)."""
+    """(b) of benchmarks/ppo_vs_sb3.py: SB3's long run is cached per (budget, seed) and
+    rerun only when its settings changed."""
     import importlib.util
     from pathlib import Path
 
@@ -269,3 +270,7 @@ def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatc
     res = json.loads((tmp_path / "r.json").read_text())["b"]
     assert res["target"] == 900.0 and res["sb3"]["t"] == 40.0 and res["ours"]["t"] == 8.0
     assert "speedup 5.0x" in capsys.readouterr().out
+    monkeypatch.setitem(bench.ZOO, "n_epochs", 10)  # another setting: the cache is stale
+    bench.main()
+    assert sb3_calls == [1500, 1500]
+    assert "other settings" in capsys.readouterr().out

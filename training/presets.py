@@ -50,7 +50,7 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     "halfcheetah": {**_LOCOMOTION, "ppo.gamma": 0.98, "ppo.lam": 0.92, "policy.init_std": 0.25},
     # hopper learns faster exploring more widely than the other tasks, but not from std 1:
     # with std 0.135 it returned ~650 at 1M steps (3 seeds' trend), with std 1 and raw
-    # value targets 2375 / 1690 / 2602 (falls in 5-8 of 10 episodes on two seeds), with
+    # value targets 2375 / 1690 / 2602 (falls in 5-9 of 10 episodes on every seed), with
     # std 0.5 2603 / 3615 / 3521 (2026-12-03); the adaptive-KL rate over 5 x 4 minibatches
     # suits it better than the linear schedule (2375 against 2171 with std 1, seed 0)
     "hopper": {
