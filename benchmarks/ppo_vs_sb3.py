@@ -22,6 +22,7 @@ import json
 import math
 import os
 import time
+from collections import deque
 from pathlib import Path
 
 import gymnasium as gym
@@ -156,22 +157,40 @@ def sb3_zoo(steps: int, seed: int) -> dict:
             "eval_return": _eval_sb3(model, venv), "wall_s": wall}  # fmt: skip
 
 
+class _EpisodeLog(deque):
+    """Stands in for our runner's recent_returns (the last 100 episodes, for its log)
+    and records every finished episode, so that (b) reads our training return as it
+    reads SB3's: the mean of the last 20 episodes, against the wall time since
+    training began."""
+
+    def __init__(self, runner, t0: float):
+        super().__init__(maxlen=100)
+        self.runner, self.t0 = runner, t0
+        self.returns: list[float] = []
+        self.points: list[tuple[float, int, float]] = []
+
+    def extend(self, values) -> None:
+        values = [float(v) for v in values]
+        super().extend(values)
+        if values:
+            self.returns.extend(values)
+            # the runner counts a rollout's steps once it ends: these episodes ended in it
+            steps = self.runner.env_steps + self.runner.steps_per_iteration
+            mean20 = float(np.mean(self.returns[-20:]))
+            self.points.append((time.perf_counter() - self.t0, steps, mean20))
+
+
 def ours_preset(steps: int, seed: int, out: Path) -> dict:
-    from training.metrics import read_metrics
     from training.runner import PPORunner, build_config
 
     cfg = build_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
                                        "run.video=false"])  # fmt: skip
+    runner = PPORunner(cfg, out / "preset")
     t0 = time.perf_counter()
-    PPORunner(cfg, out / "preset").train()
+    runner.recent_returns = log = _EpisodeLog(runner, t0)
+    runner.train()
     wall = time.perf_counter() - t0
-    rows = read_metrics(out / "preset" / "metrics.jsonl")
-    # metrics carry per-iteration timings; their running sum is the training clock
-    clock, curve = 0.0, []
-    for r in rows:
-        clock += r["perf/rollout_seconds"] + r["perf/update_seconds"]
-        curve.append((clock, r["step"], r["train/return"]))
-    return {"curve": curve, "wall_s": wall}
+    return {"curve": log.points, "wall_s": wall}
 
 
 def first_reach(curve, target: float):

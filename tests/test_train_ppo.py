@@ -274,3 +274,30 @@ def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatc
     bench.main()
     assert sb3_calls == [1500, 1500]
     assert "other settings" in capsys.readouterr().out
+
+
+def test_sb3_comparison_reads_our_return_over_the_last_20_episodes(tmp_path):
+    """(b) reads our training return as SB3's: last 20 episodes, each one recorded."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_vs_sb3.py"
+    spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3_log", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = build_config(
+        "cartpole",
+        ["run.total_steps=3072", "run.video=false", "run.progress=false", "run.tensorboard=false"],
+    )
+    runner = PPORunner(cfg, tmp_path / "run")
+    runner.recent_returns = log = bench._EpisodeLog(runner, time.perf_counter())
+    summary = runner.train()
+    assert len(log.returns) > 100 and len(log.points) > 1
+    steps = [s for _, s, _ in log.points]
+    assert steps == sorted(steps) and steps[-1] == runner.env_steps
+    assert log.points[-1][2] == pytest.approx(np.mean(log.returns[-20:]))
+    # the runner's own log still sees its last 100 episodes
+    assert summary["return"] == pytest.approx(np.mean(log.returns[-100:]))
