@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import time
 from collections import deque
 from pathlib import Path
@@ -146,7 +147,8 @@ def sb3_zoo(steps: int, seed: int) -> dict:
     model = PPO(
         "MlpPolicy", venv, seed=seed, device="cpu", **ZOO,
         policy_kwargs=dict(log_std_init=net["log_std_init"], ortho_init=net["ortho_init"],
-                           activation_fn=torch.nn.ReLU, net_arch=dict(pi=net["pi"], vf=net["vf"])),
+                           activation_fn={"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}[net["activation"]],
+                           net_arch=dict(pi=net["pi"], vf=net["vf"])),
     )  # fmt: skip
     curve = _Curve()
     t0 = time.perf_counter()
@@ -185,7 +187,12 @@ def ours_preset(steps: int, seed: int, out: Path) -> dict:
 
     cfg = build_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
                                        "run.video=false"])  # fmt: skip
-    runner = PPORunner(cfg, out / "preset")
+    run_dir = out / f"preset_{steps}"
+    if run_dir.exists():
+        # a timing run starts from scratch: a resumed one's wall time would mean nothing
+        print(f"(b) removing the earlier run {run_dir}", flush=True)
+        shutil.rmtree(run_dir)
+    runner = PPORunner(cfg, run_dir)
     t0 = time.perf_counter()
     runner.recent_returns = log = _EpisodeLog(runner, t0)
     runner.train()
@@ -260,8 +267,10 @@ def main() -> None:
         t_sb3, s_sb3 = first_reach(sb3["curve"], target)
         ours = ours_preset(a.ours_steps_b or a.steps_b, a.seed, out)
         t_ours, s_ours = first_reach(ours["curve"], target)
-        res["b"] = {"target": target, "sb3": {"t": t_sb3, "steps": s_sb3, "eval": sb3["eval_return"]},
-                    "ours": {"t": t_ours, "steps": s_ours}}  # fmt: skip
+        res["b"] = {"target": target, "sb3": {"t": t_sb3, "steps": s_sb3, "eval": sb3["eval_return"],
+                                              "wall_s": sb3.get("wall_s")},
+                    "ours": {"t": t_ours, "steps": s_ours, "budget": a.ours_steps_b or a.steps_b,
+                             "wall_s": ours["wall_s"]}}  # fmt: skip
         print(
             f"(b) recommended settings; target = SB3's return at {a.steps_b:,} steps: {target:.0f}"
         )

@@ -301,3 +301,18 @@ def test_sb3_comparison_reads_our_return_over_the_last_20_episodes(tmp_path):
     assert log.points[-1][2] == pytest.approx(np.mean(log.returns[-20:]))
     # the runner's own log still sees its last 100 episodes
     assert summary["return"] == pytest.approx(np.mean(log.returns[-100:]))
+
+
+def test_sb3_comparison_reruns_our_side_from_scratch(tmp_path, capsys):
+    """A second (b) run of ours replaces the first: a resumed timing would mean nothing."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_vs_sb3.py"
+    spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3_rerun", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    first = bench.ours_preset(2048, 0, tmp_path)  # one iteration of the halfcheetah preset
+    assert first["curve"] == [] and (tmp_path / "preset_2048" / "checkpoints").is_dir()
+    bench.ours_preset(2048, 0, tmp_path)
+    assert "removing the earlier run" in capsys.readouterr().out
