@@ -233,9 +233,8 @@ def test_every_preset_builds_a_valid_config(task):
     assert cfg.run.total_steps >= per_update
 
 
-def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatch, capsys):
-    """(b) of benchmarks/ppo_vs_sb3.py: SB3's long run is cached per (budget, seed) and
-    rerun only when its settings changed."""
+def _sb3_benchmark():
+    """benchmarks/ppo_vs_sb3.py as a module (benchmarks/ is scripts, not a package)."""
     import importlib.util
     from pathlib import Path
 
@@ -243,6 +242,13 @@ def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatc
     spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatch, capsys):
+    """(b) of benchmarks/ppo_vs_sb3.py: SB3's long run is cached per (budget, seed) and
+    rerun only when its settings changed."""
+    bench = _sb3_benchmark()
     sb3_calls: list[int] = []
 
     def fake_sb3(steps, seed):
@@ -278,16 +284,11 @@ def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatc
 
 def test_sb3_comparison_reads_our_return_over_the_last_20_episodes(tmp_path):
     """(b) reads our training return as SB3's: last 20 episodes, each one recorded."""
-    import importlib.util
     import time
-    from pathlib import Path
 
     import numpy as np
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_vs_sb3.py"
-    spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3_log", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _sb3_benchmark()
     cfg = build_config(
         "cartpole",
         ["run.total_steps=3072", "run.video=false", "run.progress=false", "run.tensorboard=false"],
@@ -305,13 +306,7 @@ def test_sb3_comparison_reads_our_return_over_the_last_20_episodes(tmp_path):
 
 def test_sb3_comparison_reruns_our_side_from_scratch(tmp_path, capsys):
     """A second (b) run of ours replaces the first: a resumed timing would mean nothing."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_vs_sb3.py"
-    spec = importlib.util.spec_from_file_location("bench_ppo_vs_sb3_rerun", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _sb3_benchmark()
     first = bench.ours_preset(2048, 0, tmp_path)  # one iteration of the halfcheetah preset
     assert first["curve"] == [] and (tmp_path / "preset_2048" / "checkpoints").is_dir()
     bench.ours_preset(2048, 0, tmp_path)
