@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from deploy.files import atomic_write
 from deploy.metadata import PolicyMetadata, write_metadata
 
 __all__ = [
@@ -230,16 +231,10 @@ def export_policy(
         write_metadata(model, meta)
         onnx.checker.check_model(model, full_check=True)
 
-        staged = Path(tmp) / "policy.onnx"
-        with open(staged, "wb") as fh:
-            fh.write(model.SerializeToString())
-            fh.flush()
-            os.fsync(fh.fileno())
-        from deploy.runtime import OnnxPolicy
+    from deploy.runtime import OnnxPolicy
 
-        OnnxPolicy(staged)  # the robot-side loader accepts graph and metadata
-        os.replace(staged, out_path)
-    return out_path
+    # the robot-side loader must accept graph and metadata before the file is in place
+    return atomic_write(out_path, model.SerializeToString(), verify=OnnxPolicy)
 
 
 def _input_shapes(meta: PolicyMetadata) -> dict[str, tuple[int, ...]]:

@@ -33,10 +33,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from deploy.files import atomic_write
 
 FORMAT_VERSION = 1
 """Version of this metadata format; readers reject any other version."""
@@ -290,18 +291,7 @@ def write_metadata(model: Any, meta: PolicyMetadata) -> Any:
     path = os.fspath(model)
     proto = onnx.load(path, load_external_data=False)
     _set_props(proto, props, meta.opset)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".onnx", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(proto.SerializeToString())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, proto.SerializeToString())
     return path
 
 

@@ -14,13 +14,13 @@ gives the measurement behind that choice).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
+from deploy.arrays import ActionMap, all_finite
 from deploy.metadata import MetadataError, PolicyLoadError, PolicyMetadata, from_props
 
 __all__ = ["MetadataError", "OnnxPolicy", "PolicyLoadError"]
@@ -28,20 +28,6 @@ __all__ = ["MetadataError", "OnnxPolicy", "PolicyLoadError"]
 _FLOAT = "tensor(float)"
 
 
-def _all_finite(x: np.ndarray, zeros: np.ndarray) -> bool:
-    """True if every element of the 1-D float32 ``x`` is finite, without allocating.
-
-    ``x . 0`` is 0 for finite ``x`` and NaN as soon as one element is NaN or +-inf
-    (0 * inf = NaN); unlike a plain sum it cannot overflow. About 4x faster than
-    ``np.isfinite(x).all()`` on the sizes of a control step (0.5 us against 2.3 us).
-    With ``inf`` in ``x`` numpy flags "invalid value in dot": a RuntimeWarning by
-    default, an exception under ``np.seterr(all="raise")`` or warnings-as-errors, which
-    is caught here. Only bad data pays for that.
-    """
-    try:
-        return math.isfinite(x.dot(zeros))
-    except (FloatingPointError, RuntimeWarning):
-        return False
 
 
 class OnnxPolicy:
@@ -94,8 +80,7 @@ class OnnxPolicy:
         self._frame_size = meta.obs_frame_size
         self._history_length = meta.obs_history_length
         self._num_joints = meta.num_joints
-        self._action_scale = np.asarray(meta.action_scale, dtype=np.float64)
-        self._action_offset = np.asarray(meta.action_offset, dtype=np.float64)
+        self.action_map = ActionMap(meta.action_offset, meta.action_scale)
 
         # Preallocated buffers of the hot path. `_obs` is the bound model input; `_ring`
         # holds the last frames in arrival order with `_head` pointing at the oldest.
@@ -246,7 +231,7 @@ class OnnxPolicy:
             staged[:] = frame
         except (FloatingPointError, RuntimeWarning):  # overflow under np.seterr("raise")
             staged.fill(np.nan)
-        if not _all_finite(staged, self._frame_zeros):
+        if not all_finite(staged, self._frame_zeros):
             self._nonfinite_frames += 1
             if out is None:
                 return np.full(self._num_joints, np.nan, dtype=np.float32)
@@ -280,7 +265,7 @@ class OnnxPolicy:
         self.session.run_with_iobinding(self._binding)
 
         for state_in, state_out, flat_out, zeros in self._state_pairs:
-            if _all_finite(flat_out, zeros):
+            if all_finite(flat_out, zeros):
                 np.copyto(state_in, state_out)
             else:
                 self._nonfinite_state += 1
@@ -315,11 +300,7 @@ class OnnxPolicy:
             raise ValueError(
                 f"raw action must end in {self._num_joints} joints, got shape {raw.shape}"
             )
-        if out is None:
-            return self._action_offset + self._action_scale * raw
-        np.multiply(raw, self._action_scale, out=out)
-        np.add(out, self._action_offset, out=out)
-        return out
+        return self.action_map.to_targets(raw, out)
 
     # ------------------------------------------------------------------ batch path
     def initial_state(self, batch_size: int) -> dict[str, np.ndarray]:

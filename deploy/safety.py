@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from deploy.arrays import all_finite
+
 __all__ = [
     "COUNTER_NAMES",
     "DEFAULT_MAX_TARGET_SPEED",
@@ -73,17 +75,6 @@ _all = np.logical_and.reduce
 _max = np.maximum.reduce
 
 
-def _all_finite(x: np.ndarray, zeros: np.ndarray) -> bool:
-    """True if every element of the 1-D float ``x`` is finite (``x . 0`` is 0 or NaN).
-
-    A third of ``np.isfinite(x).all()``'s cost. An inf in ``x`` makes numpy flag an
-    invalid value: under ``np.seterr(all="raise")`` or warnings-as-errors that raises,
-    which counts as "not finite"; used only where non-finite values cannot occur.
-    """
-    try:
-        return math.isfinite(x.dot(zeros))
-    except (FloatingPointError, RuntimeWarning):
-        return False
 
 
 def _vector(name: str, value: Any, size: int | None = None) -> np.ndarray:
@@ -328,7 +319,7 @@ class SafetyLayer:
         c["rate_limited"] += int(rate_limited)
         # An exact output is the clamp of the target checked finite above, within finite
         # limits, so finite; anything else is checked (unreachable by construction).
-        if not exact and not _all_finite(out, self._zeros):
+        if not exact and not all_finite(out, self._zeros):
             return self._emit_posture()
         return out.copy()
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy.arrays import ActionMap
 from deploy.metadata import PolicyLoadError, PolicyMetadata
 from deploy.runtime import OnnxPolicy
 from deploy.safety import COUNTER_NAMES, SafetyConfig, SafetyLayer
@@ -77,10 +78,7 @@ class Sim2SimActor:
         self.policy = policy
         self.num_envs = int(num_envs)
         self.dt = float(control_period_s)
-        self._offset = np.asarray(meta.action_offset, dtype=np.float64)
-        self._scale = np.asarray(meta.action_scale, dtype=np.float64)
-        self._invertible = self._scale != 0.0
-        self._safe_scale = np.where(self._invertible, self._scale, 1.0)
+        self.action_map = ActionMap(meta.action_offset, meta.action_scale)
         self.state = policy.initial_state(self.num_envs)
         self.layers: list[SafetyLayer] | None = None
         if safety:
@@ -108,7 +106,7 @@ class Sim2SimActor:
             self.state = next_state
         if self.layers is None:
             return raw
-        targets = self._offset + self._scale * raw.astype(np.float64)
+        targets = self.action_map.to_targets(raw.astype(np.float64))
         out = np.empty_like(targets)
         for i in range(self.num_envs):
             if reset[i]:
@@ -124,8 +122,7 @@ class Sim2SimActor:
             layer.observe(now)
             out[i] = layer.filter(x[i], targets[i], now)
         # back to the env's convention: the raw action whose target is the filtered one
-        safe_raw = np.where(self._invertible, (out - self._offset) / self._safe_scale, raw)
-        return safe_raw.astype(np.float32)
+        return self.action_map.to_raw(out, fixed_raw=raw).astype(np.float32)
 
 
 def _numpy(x: Any) -> np.ndarray:

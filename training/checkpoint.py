@@ -8,12 +8,13 @@ anything that would run code. numpy arrays are stored as tensors and restored.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from deploy.files import atomic_write
 
 FORMAT = 1
 _ND = "__ndarray__"
@@ -47,20 +48,8 @@ def _unpack(obj: Any) -> Any:
 
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
     """Write `payload` so that a crash at any moment leaves the old file or the new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **_pack(payload)}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    packed = {"format": FORMAT, **_pack(payload)}
+    return atomic_write(path, lambda tmp: torch.save(packed, tmp))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

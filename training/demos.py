@@ -46,13 +46,14 @@ import argparse
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from deploy.files import atomic_write
 
 SCHEMA = "sim2real.demos"
 SCHEMA_VERSION = 1
@@ -168,11 +169,8 @@ class DemoDataset:
 def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
     """Write ``data`` in the schema above, atomically (a temp file, then a rename)."""
     h5py = _h5py()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+
+    def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as f:
             g = f.create_group("data")
             g.attrs["total"] = int(data.num_samples)
@@ -209,12 +207,8 @@ def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
                 terminals = np.zeros(n, dtype=np.uint8)
                 terminals[-1] = 1 if ep.terminated else 0
                 d.create_dataset("terminals", data=terminals)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+
+    return atomic_write(path, write)
 
 
 # ---------------------------------------------------------------------- loading

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from deploy.arrays import ActionMap, all_finite
 from deploy.metadata import MetadataError, PolicyLoadError
 from deploy.runtime import OnnxPolicy
 from deploy.safety import DEFAULT_MAX_TARGET_SPEED, SafetyConfig, SafetyLayer
@@ -39,16 +40,6 @@ from sim2real_ros.observation import ObservationAssembler, ObservationError
 __all__ = ["ConfigureError", "LoopStats", "PolicyController"]
 
 
-def _all_finite(x: np.ndarray, zeros: np.ndarray) -> bool:
-    """Every element finite: ``x . 0`` is 0, or NaN if any is NaN/inf (no allocation).
-
-    As in deploy.runtime: an inf makes numpy flag an invalid value, which raises under
-    ``np.seterr(all="raise")`` or warnings-as-errors and then also means "not finite".
-    """
-    try:
-        return math.isfinite(x.dot(zeros))
-    except (FloatingPointError, RuntimeWarning):
-        return False
 
 
 class ConfigureError(RuntimeError):
@@ -130,11 +121,7 @@ class PolicyController:
         except ValueError as exc:
             raise ConfigureError(f"safety settings: {exc}") from None
         self.safe_posture = self.safety.config.safe_posture.copy()
-        self._offset = np.asarray(meta.action_offset, dtype=np.float64)
-        scale = np.asarray(meta.action_scale, dtype=np.float64)
-        self._invertible = scale != 0.0
-        self._scale = np.where(self._invertible, scale, 1.0)
-        self._any_fixed = not bool(self._invertible.all())
+        self.action_map = ActionMap(meta.action_offset, meta.action_scale)
         self.command_timeout_s = float(command_timeout_s)
         limits = np.abs(np.asarray(command_limits, dtype=np.float64).reshape(-1))
         if limits.shape != (3,):
@@ -219,7 +206,7 @@ class PolicyController:
             self.last_error = str(exc)
             frame = self._nan_frame
         if frame is not self._nan_frame:
-            if _all_finite(frame, self._frame_zeros):
+            if all_finite(frame, self._frame_zeros):
                 if sensor_time is not None:
                     self.safety.observe(sensor_time)  # only a usable frame feeds the watchdog
             else:
@@ -231,11 +218,7 @@ class PolicyController:
         else:
             target = self.safe_posture  # inactive: the safety layer sends the posture anyway
         out = self.safety.filter(frame, target, now)
-        la = self.last_action
-        np.subtract(out, self._offset, out=la)
-        np.divide(la, self._scale, out=la)
-        if self._any_fixed:
-            la[~self._invertible] = 0.0
+        self.action_map.to_raw(out, out=self.last_action)
         return out
 
 
