@@ -48,11 +48,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ros_ws" / "src" / "sim2real_ros"
-for p in (str(ROOT), str(PKG)):
+TESTS = ROOT / "tests"  # ros_support: the untrained-policy exporter the ROS tests use
+for p in (str(ROOT), str(PKG), str(TESTS)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from sim2real_ros import ros_env  # noqa: E402
+from ros_support import export_test_policy  # noqa: E402
+from sim2real_ros import node_runtime, ros_env  # noqa: E402
 
 TARGET_RATE_HZ = 1000.0
 TARGET_P99_MS = 1.0
@@ -65,7 +67,7 @@ DEFAULT = [0.1, 0.8, -1.5, -0.1, 0.8, -1.5, 0.1, 1.0, -1.5, -0.1, 1.0, -1.5]
 
 # ---------------------------------------------------------------------- the fake robot
 def _set_rt(priority: int) -> None:
-    problem = ros_env.set_realtime(priority)
+    problem = node_runtime.set_realtime(priority)
     if problem:
         print(problem, file=sys.stderr)
 
@@ -486,7 +488,7 @@ def _policy(args: argparse.Namespace, workdir: Path) -> tuple[Path, str]:
     trained = ROOT / "tests" / "data" / "quadruped_policy.onnx"
     if trained.exists():
         return trained, "the trained quadruped policy (tests/data/quadruped_policy.onnx)"
-    path = ros_env.export_test_policy(workdir / "quadruped_untrained.onnx", gain=0.05)
+    path = export_test_policy(workdir / "quadruped_untrained.onnx", gain=0.05)
     return path, (
         "an untrained quadruped-shaped policy (45 -> 256-128-64 ELU -> 12, the trained "
         "network's size; tests/data/quadruped_policy.onnx was absent)"

@@ -2,11 +2,19 @@
 
 from sim.randomization import SimToRealConfig
 from sim.registry import make, register, task_class, task_names
-from sim.spec import ActionSpec, ObservationSpec, ObsGroup, ObsTerm, RobotDescription
+from sim.spec import (
+    ActionSpec,
+    JointIndices,
+    ObservationSpec,
+    ObsGroup,
+    ObsTerm,
+    RobotDescription,
+)
 from sim.vec_env import MujocoVecEnv
 
 __all__ = [
     "ActionSpec",
+    "JointIndices",
     "MujocoVecEnv",
     "ObsGroup",
     "ObsTerm",

@@ -93,3 +93,31 @@ class RobotDescription:
     def to_dict(self) -> dict:
         d = asdict(self)
         return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in d.items()}
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: == on array fields has no single truth value
+class JointIndices:
+    """Where each action joint lives in the MuJoCo model, in `action_spec.joint_names` order.
+
+    For code that steps its own copy of a task's model (the ROS simulated robot):
+    `data.ctrl[actuator_ids]`, `data.qpos[qpos_adr]`, `data.qvel[dof_adr]`. The arrays
+    are int64 copies marked read-only, so that no reader can move a task's indices.
+    """
+
+    joint_names: tuple[str, ...]
+    actuator_ids: np.ndarray
+    qpos_adr: np.ndarray
+    dof_adr: np.ndarray
+
+    def __post_init__(self) -> None:
+        names = tuple(self.joint_names)
+        object.__setattr__(self, "joint_names", names)
+        for field in ("actuator_ids", "qpos_adr", "dof_adr"):
+            a = np.array(getattr(self, field), dtype=np.int64)
+            if a.shape != (len(names),):
+                raise ValueError(
+                    f"JointIndices.{field} needs one index per joint ({len(names)}), "
+                    f"got shape {a.shape}"
+                )
+            a.setflags(write=False)
+            object.__setattr__(self, field, a)

@@ -8,6 +8,7 @@ A task subclasses `MujocoVecEnv` and fills in a few vectorized hooks.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import mujoco
@@ -16,7 +17,43 @@ import torch
 
 from sim.engine import SimulationFailure, engine_state, load_engine_state, make_engine
 from sim.randomization import LatencyQueue, ModelRandomizer, ObsHistory, SimToRealConfig
-from sim.spec import ActionSpec, ObservationSpec, ObsGroup, ObsTerm, RobotDescription
+from sim.spec import (
+    ActionSpec,
+    JointIndices,
+    ObservationSpec,
+    ObsGroup,
+    ObsTerm,
+    RobotDescription,
+)
+
+
+def joint_indices_of(model: mujoco.MjModel, joint_names: tuple[str, ...]) -> JointIndices:
+    """The actuator, qpos and dof index of each named joint of `model`.
+
+    Each joint's actuator is the one actuator with a joint transmission on it; a joint
+    that no actuator, or more than one, drives has no single index, so ValueError.
+    """
+    driven = model.actuator_trntype == mujoco.mjtTrn.mjTRN_JOINT
+    jids, acts = [], []
+    for name in joint_names:
+        j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        if j < 0:
+            raise ValueError(f"the model has no joint named {name!r}")
+        hits = np.nonzero(driven & (model.actuator_trnid[:, 0] == j))[0]
+        if len(hits) != 1:
+            raise ValueError(
+                f"joint {name!r} is driven by {len(hits)} actuators; joint indices need "
+                "exactly one actuator per action joint"
+            )
+        jids.append(j)
+        acts.append(int(hits[0]))
+    ids = np.array(jids, dtype=np.int64)
+    return JointIndices(
+        tuple(joint_names),
+        np.array(acts, dtype=np.int64),
+        model.jnt_qposadr[ids],
+        model.jnt_dofadr[ids],
+    )
 
 
 class MujocoVecEnv:
@@ -377,6 +414,15 @@ class MujocoVecEnv:
     def close(self) -> None:
         if hasattr(self, "_renderer"):
             self._renderer.close()
+
+    @cached_property
+    def joint_indices(self) -> JointIndices:
+        """Actuator, qpos and dof index of each action joint, in `action_spec.joint_names`
+        order (read-only arrays; ValueError where an action joint has no single actuator).
+
+        Derived from the model; tasks that index their joints themselves override it.
+        """
+        return joint_indices_of(self.model, self.action_spec.joint_names)
 
     @property
     def control_rate_hz(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,13 @@ def test_topics_of_the_two_nodes_meet():
 
 def test_package_imports_without_ros():
     # the non-node modules need no rclpy (checked by reading their imports)
-    for module in ("__init__.py", "observation.py", "controller.py", "ros_env.py"):
+    for module in (
+        "__init__.py",
+        "observation.py",
+        "controller.py",
+        "node_runtime.py",
+        "ros_env.py",
+    ):
         tree = ast.parse((PKG / "sim2real_ros" / module).read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = [a.name for n in top for a in n.names] + [
@@ -218,15 +225,70 @@ def test_package_imports_without_ros():
         assert not any(name.split(".")[0] in ("rclpy", "sensor_msgs", "std_msgs") for name in names)
 
 
-def test_policy_node_uses_only_deploy_of_our_code():
-    allowed = {"deploy.runtime", "deploy.safety", "deploy.metadata"}
-    for module in ("policy_node.py", "controller.py", "observation.py"):
-        tree = ast.parse((PKG / "sim2real_ros" / module).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                root = node.module.split(".")[0]
-                if root in ("deploy", "sim", "training", "policies"):
-                    assert node.module in allowed, f"{module} imports {node.module}"
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    assert alias.name.split(".")[0] not in ("sim", "training", "policies", "torch")
+# what a robot computer has: the policy node may import nothing else, not even lazily
+ROBOT_DEPLOY_MODULES = {"deploy.runtime", "deploy.safety", "deploy.metadata", "deploy.arrays"}
+ROBOT_ROOTS = {"numpy", "rclpy", "builtin_interfaces"}
+
+
+def _module_file(module: str) -> Path:
+    path = PKG / (module.replace(".", "/") + ".py")
+    return path if path.exists() else PKG / module.replace(".", "/") / "__init__.py"
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module that ``path`` imports, at the top or inside functions, absolute."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = "sim2real_ros" if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            if node.module is None or module in ("sim2real_ros", "deploy"):
+                # `from pkg import mod` imports the module pkg.mod (or a name of pkg)
+                names += [f"{module}.{a.name}" for a in node.names]
+            names.append(module)
+    return names
+
+
+def test_policy_node_imports_only_what_a_robot_has():
+    seen: set[str] = set()
+    todo = ["sim2real_ros", "sim2real_ros.policy_node"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _imports(_module_file(module)):
+            root = name.split(".")[0]
+            if root == "sim2real_ros":
+                if _module_file(name).exists():
+                    todo.append(name)
+            elif root == "deploy":
+                assert name == "deploy" or name in ROBOT_DEPLOY_MODULES, f"{module} imports {name}"
+            else:
+                allowed = (
+                    root in sys.stdlib_module_names
+                    or root in ROBOT_ROOTS
+                    or root.endswith(("_msgs", "_srvs"))
+                )
+                assert allowed, f"{module} imports {name}"
+    # the walk really followed the node's own modules
+    assert {"sim2real_ros.controller", "sim2real_ros.observation"} <= seen
+    assert "sim2real_ros.node_runtime" in seen
+    assert "sim2real_ros.ros_env" not in seen
+
+
+def test_package_reads_no_private_attribute_of_other_objects():
+    # the simulated robot reads the simulator through its public API (joint_indices...)
+    for path in sorted((PKG / "sim2real_ros").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute):
+                continue
+            name = node.attr
+            if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
+                continue
+            owner = node.value
+            assert isinstance(owner, ast.Name) and owner.id in ("self", "cls"), (
+                f"{path.name}:{node.lineno} reads {ast.unparse(node)}"
+            )

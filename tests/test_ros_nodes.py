@@ -19,6 +19,7 @@ from __future__ import annotations
 import array
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ros_ws" / "src" / "sim2real_ros"
 sys.path.insert(0, str(PKG))
 
+from ros_support import export_test_policy  # noqa: E402
 from sim2real_ros import ros_env  # noqa: E402
 
 OK, WHY = ros_env.ros_available()
@@ -152,9 +154,9 @@ class Harness:
 def test_policies(tmp_path_factory):
     root = tmp_path_factory.mktemp("ros_node_policies")
     return {
-        "stand": ros_env.export_test_policy(root / "stand.onnx", gain=0.0),
-        "random": ros_env.export_test_policy(root / "random.onnx", gain=1.0, seed=2),
-        "unknown_term": ros_env.export_test_policy(
+        "stand": export_test_policy(root / "stand.onnx", gain=0.0),
+        "random": export_test_policy(root / "random.onnx", gain=1.0, seed=2),
+        "unknown_term": export_test_policy(
             root / "lin_vel.onnx",
             obs_terms=[("base_lin_vel", 3), ("joint_pos", 12), ("last_action", 12)],
         ),
@@ -200,6 +202,27 @@ def _policy_params(path, **extra):
 def _wait_commands(h, count, seconds, **spin):
     start = len(h.commands)
     return h.spin_for(seconds, until=lambda: len(h.commands) >= start + count, **spin)
+
+
+# ---------------------------------------------------------------------- what the robot loads
+def test_policy_node_process_loads_nothing_of_training():
+    """Importing the policy node, as the robot does, loads no torch, sim, training or export."""
+    forbidden = ("torch", "sim", "training", "policies", "mujoco")
+    code = (
+        "import sys, sim2real_ros.policy_node\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r} "
+        "or m == 'deploy.export'))"
+    )
+    # the repository is on PYTHONPATH, so sim and torch could be imported: they must not be
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=ros_env.node_environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
 
 
 # ---------------------------------------------------------------------- safety over the wire

@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ros_ws" / "src" / "sim2real_ros"))
 
+from ros_support import export_test_policy  # noqa: E402
 from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController  # noqa: E402
 from sim2real_ros.observation import (  # noqa: E402
     KNOWN_TERMS,
@@ -24,7 +25,6 @@ from sim2real_ros.observation import (  # noqa: E402
     ObservationError,
     projected_gravity,
 )
-from sim2real_ros.ros_env import export_test_policy  # noqa: E402
 
 JOINTS = [
     f"{leg}_{part}_joint" for leg in ("FL", "FR", "RL", "RR") for part in ("hip", "thigh", "calf")

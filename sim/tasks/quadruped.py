@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.mjcf import load_model, require_names
 from sim.randomization import SimToRealConfig
-from sim.spec import RobotDescription
+from sim.spec import JointIndices, RobotDescription
 from sim.vec_env import MujocoVecEnv
 
 LEGS = ("FL", "FR", "RL", "RR")
@@ -333,6 +333,11 @@ class Quadruped(MujocoVecEnv):
             control_dt=float(m.opt.timestep) * self.frame_skip,
             control_mode="position",
         )
+
+    @cached_property
+    def joint_indices(self) -> JointIndices:
+        # the indices _index_model found and checked (one position actuator per joint)
+        return JointIndices(JOINTS, self._act, self._jqpos, self._jdof)
 
     def _task_action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         # symmetric bounds wide enough to reach either end of every joint's range

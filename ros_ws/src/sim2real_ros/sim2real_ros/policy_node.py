@@ -61,7 +61,7 @@ from std_msgs.msg import Float64MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
-from sim2real_ros.ros_env import set_realtime, spin
+from sim2real_ros.node_runtime import set_realtime, spin
 
 NODE_NAME = "sim2real_policy"
 

@@ -14,7 +14,10 @@ environments that have both.
 This module also holds what tests and the benchmark need to run nodes as processes:
 distinct ``ROS_DOMAIN_ID``s, localhost-only discovery, the package and the repository on
 ``PYTHONPATH``, spawning and stopping node processes, and (with rclpy) calling lifecycle
-transitions. Nothing here is needed on a robot with a sourced ROS installation.
+transitions. Nothing here is needed on a robot with a sourced ROS installation, and
+nothing here imports torch or ``sim``: the nodes' own run-time helpers are in
+:mod:`sim2real_ros.node_runtime`, and the exporter of untrained test policies is
+``tests/ros_support.py``.
 """
 
 from __future__ import annotations
@@ -34,15 +37,12 @@ __all__ = [
     "PACKAGE_ROOT",
     "REPO_ROOT",
     "LifecycleClient",
-    "make_executor",
     "next_domain_id",
     "node_command",
     "node_environment",
     "ros_available",
     "ros_library_path",
-    "set_realtime",
     "spawn_node",
-    "spin",
     "stop_process",
 ]
 
@@ -285,116 +285,3 @@ class LifecycleClient:
                 pass
             self._executor.spin_once(timeout_sec=0.05)
         return False
-
-
-def set_realtime(priority: int) -> str:
-    """SCHED_FIFO at ``priority`` for every thread of this process; "" or the reason not.
-
-    Every thread: the DDS middleware's receive and event threads exist by the time a
-    node reads its parameters, and a control loop at real-time priority whose messages
-    wait in a normal-priority receive thread gains nothing (measured: with only the main
-    thread at SCHED_FIFO, JointStates reached the loop up to 14 ms late on a loaded
-    machine). Threads started later inherit the policy. Needs root or CAP_SYS_NICE (or an
-    rtprio limit, as on a robot's real-time kernel setup).
-    """
-    if priority <= 0:
-        return ""
-    try:
-        param = os.sched_param(int(priority))
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-        for tid in tids:
-            os.sched_setscheduler(tid, os.SCHED_FIFO, param)
-    except (OSError, AttributeError, ValueError) as exc:
-        return f"SCHED_FIFO priority {priority} not granted: {exc}"
-    return ""
-
-
-def make_executor() -> Any:
-    """rclpy's SingleThreadedExecutor.
-
-    rclpy's experimental EventsExecutor (rclpy 9.1.2 wheel) was tried: its timers never
-    fired under ``spin()`` here while it busy-looped a core, and it ignored SIGINT; so
-    the nodes use the standard executor.
-    """
-    from rclpy.executors import SingleThreadedExecutor
-
-    return SingleThreadedExecutor()
-
-
-def spin(node: Any, executor: Any = None) -> None:
-    """Spin ``node`` until Ctrl-C / SIGTERM, then destroy it and shut rclpy down."""
-    import rclpy
-    from rclpy.executors import ExternalShutdownException
-
-    executor = executor or make_executor()
-    executor.add_node(node)
-    try:
-        executor.spin()
-    except (KeyboardInterrupt, ExternalShutdownException):
-        pass
-    finally:
-        if hasattr(node, "on_exit"):
-            node.on_exit()
-        executor.shutdown()
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-
-
-def export_test_policy(
-    path: str | os.PathLike[str],
-    *,
-    task: str = "quadruped",
-    gain: float = 0.0,
-    hidden: Sequence[int] = (256, 128, 64),
-    obs_terms: Sequence[tuple[str, int]] | None = None,
-    seed: int = 0,
-) -> Path:
-    """Export an untrained policy shaped like ``task``'s (tests and benchmarks only).
-
-    Metadata from the task's robot description, as a trained export would carry; the
-    network is an ELU MLP of the trained size whose output layer is scaled by ``gain``
-    (0: always the default pose, i.e. stand still). ``obs_terms`` overrides the
-    observation terms (to test refusals). Needs torch and the repository's ``sim``.
-    """
-    import torch
-
-    from deploy.export import export_policy
-    from deploy.metadata import PolicyMetadata
-    from sim.randomization import SimToRealConfig
-    from sim.registry import make
-
-    env = make(task, 1, seed=0, s2r=SimToRealConfig())
-    try:
-        r = env.robot
-        terms = [(t.name, t.size) for t in env.observation_spec.policy.terms]
-    finally:
-        env.close()
-    terms = list(obs_terms) if obs_terms is not None else terms
-    meta = PolicyMetadata(
-        policy_family="gaussian_mlp",
-        obs_terms=terms,
-        action_joint_names=list(r.joint_names),
-        action_scale=r.action_scale,
-        action_offset=r.action_offset,
-        default_joint_pos=r.default_joint_pos,
-        kp=r.kp,
-        kd=r.kd,
-        joint_pos_lower=r.joint_pos_lower,
-        joint_pos_upper=r.joint_pos_upper,
-        control_period_s=r.control_dt,
-        task=task,
-        run_id=f"untrained-{task}-gain{gain:g}",
-        extra={"control_mode": r.control_mode},
-    )
-    torch.manual_seed(seed)
-    sizes = [sum(s for _, s in terms), *hidden]
-    layers: list[torch.nn.Module] = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.ELU()]
-    head = torch.nn.Linear(sizes[-1], len(r.joint_names))
-    with torch.no_grad():
-        head.weight.mul_(gain)
-        head.bias.mul_(gain)
-    module = torch.nn.Sequential(*layers, head)
-    return export_policy(module, meta, path)

@@ -22,7 +22,9 @@ Ground truth for tests and plots: ``ground_truth/twist`` (``geometry_msgs/TwistS
 base velocity in the body frame) and ``ground_truth/pose`` (``geometry_msgs/PoseStamped``,
 world frame) at ``ground_truth_rate_hz``.
 
-This node imports ``sim`` (our simulator): it is the simulated robot, not robot code.
+This node imports ``sim`` (our simulator): it is the simulated robot, not robot code. It
+reads the task through ``sim``'s public API only (``make``, ``robot``, ``joint_indices``,
+``engine.get_model``/``get_data``), so that the task may change its internals.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float64MultiArray
 
-from sim2real_ros.ros_env import set_realtime, spin
+from sim2real_ros.node_runtime import set_realtime, spin
 
 NODE_NAME = "sim_robot"
 
@@ -184,11 +186,13 @@ class SimRobotNode(Node):
             robot = env.robot
             if robot.control_mode != "position":
                 raise ValueError(f"task {task!r} is torque-controlled; this node drives positions")
-            if not all(hasattr(env, a) for a in ("_act", "_jqpos", "_jdof")):
+            try:
+                joints = env.joint_indices
+            except ValueError as exc:
                 raise ValueError(
-                    f"task {task!r} does not index its joints and actuators like the legged "
-                    "tasks (_act, _jqpos, _jdof); the simulated robot supports those tasks"
-                )
+                    f"task {task!r} has no single actuator per action joint ({exc}); the "
+                    "simulated robot drives one position actuator per joint"
+                ) from exc
             self.task, self.randomize = task, randomize
             self.s2r = env.s2r
             self.control_dt = float(robot.control_dt)
@@ -200,9 +204,9 @@ class SimRobotNode(Node):
             for field in ("qpos", "qvel", "act", "ctrl"):
                 getattr(self.data, field)[:] = getattr(src, field)
             mujoco.mj_forward(self.model, self.data)
-            self._act = np.asarray(env._act)
-            self._jqpos = np.asarray(env._jqpos)
-            self._jdof = np.asarray(env._jdof)
+            self._act = joints.actuator_ids
+            self._jqpos = joints.qpos_adr
+            self._jdof = joints.dof_adr
             self._jlow = np.asarray(robot.joint_pos_lower, dtype=np.float64)
             self._jhigh = np.asarray(robot.joint_pos_upper, dtype=np.float64)
             self.default_joint_pos = np.asarray(robot.default_joint_pos, dtype=np.float64)
