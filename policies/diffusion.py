@@ -86,33 +86,44 @@ __all__ = [
 class DiffusionConfig:
     """Shapes of the chunk, the noise schedule, the sampler and the networks.
 
-    horizon: actions predicted per chunk (Tp); act_steps: how many of them are executed
-        before sampling again (Ta <= Tp); obs_history: observation frames the policy is
-        conditioned on (the env stacks them; the exported metadata carries the length).
-    num_train_steps: diffusion steps T of the training schedule.
-    sampler / sample_steps / eta: the chain used for deployment, evaluation and DPPO
-        (N = sample_steps timesteps out of T; "ddpm" means eta = 1, "ddim" uses eta).
-        Export always unrolls DDIM with eta = 0 (only x_0 is noise).
-    clip_sample: the x0 prediction is clipped to [-c, c] in normalized action space
-        (0 disables).
-    hidden / time_dim / activation: the MLP noise predictor; critic_hidden: the value
-        network (used by DPPO; BC leaves it untrained).
+    The policy predicts chunks of horizon (Tp) actions and executes act_steps (Ta) of
+    them; its sampler runs sample_steps (N) of the num_train_steps (T) diffusion steps.
     """
 
     horizon: int = 4
+    """Actions predicted per chunk (Tp)."""
     act_steps: int = 4
+    """How many actions of each chunk are executed before sampling again (Ta <= Tp)."""
     obs_history: int = 1
+    """Observation frames the policy is conditioned on (the env stacks them; the exported
+    metadata carries the length)."""
     num_train_steps: int = 20
+    """Diffusion steps T of the training schedule."""
     beta_schedule: str = "cosine"
+    """Beta schedule of the forward process over the T steps: "cosine" (Nichol & Dhariwal
+    2021) or "linear" (see make_betas)."""
     sampler: str = "ddim"
+    """The chain used for deployment, evaluation and DPPO: "ddpm" means eta = 1, "ddim"
+    uses eta. Export always unrolls DDIM with eta = 0 (only x_0 is noise)."""
     sample_steps: int = 5
+    """Timesteps N of the sampling chain, out of the T of the training schedule (N <= T)."""
     eta: float = 0.0
+    """Noise of the "ddim" sampler, in [0, 1]: 0 is deterministic DDIM given x_0, 1 is
+    DDPM's ancestral sampler (the "ddpm" sampler ignores it and uses 1)."""
     clip_sample: float = 1.0
+    """The x0 prediction is clipped to [-c, c] in normalized action space (0 disables)."""
     hidden: tuple[int, ...] = (256, 256, 256)
+    """Hidden layer sizes of the MLP noise predictor (non-empty, positive ints)."""
     time_dim: int = 16
+    """Size of the diffusion-time embedding of the noise predictor (sinusoid -> MLP; even,
+    >= 2)."""
     activation: str = "mish"
+    """Activation of the noise predictor and the value network: mish, silu, relu or elu."""
     critic_hidden: tuple[int, ...] = (256, 256)
+    """Hidden layer sizes of the value network (used by DPPO; BC leaves it untrained)."""
     normalize_obs: bool = True
+    """Running mean/std normalization of observations inside the module (saved with the
+    weights and exported with them)."""
 
     def __post_init__(self) -> None:
         self.hidden = tuple(self.hidden)

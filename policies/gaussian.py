@@ -32,25 +32,36 @@ _LOG_2PI = math.log(2.0 * math.pi)
 class ActorCriticConfig:
     """Network shapes and the action distribution.
 
-    min_std: floor of the action standard deviation. The parameter is ``log_std``; the
-        std used everywhere is ``exp(max(log_std, log(min_std)))``, so it can neither
-        collapse to 0 (log-probs would blow up) nor go negative, whatever the optimizer
-        does to the parameter. Below the floor the clamp passes no gradient, which is
-        the point: the distribution stops narrowing there.
-    rnn_type: None (MLP policy) or "gru"/"lstm": a recurrent memory of rnn_layers x
-        rnn_hidden in front of each MLP (separate memories for actor and critic).
-    normalize_obs: running mean/std normalization of observations inside the module.
+    The actor (mean of a diagonal Gaussian with a state-independent std) and the critic
+    are separate MLPs; with rnn_type set, each reads its input through its own
+    recurrent memory.
     """
 
     actor_hidden: tuple[int, ...] = (256, 256, 128)
+    """Hidden layer sizes of the actor MLP (positive ints)."""
     critic_hidden: tuple[int, ...] = (256, 256, 128)
+    """Hidden layer sizes of the critic MLP (positive ints)."""
     activation: str = "elu"
+    """Activation of the hidden layers of both MLPs: elu, tanh or relu."""
     init_std: float = 1.0
+    """Initial standard deviation of the actions (``log_std`` starts at its log); finite
+    and >= min_std."""
     min_std: float = 1e-3
+    """Floor of the action standard deviation. The parameter is ``log_std``; the std used
+    everywhere is ``exp(max(log_std, log(min_std)))``, so it can neither collapse to 0
+    (log-probs would blow up) nor go negative, whatever the optimizer does to the
+    parameter. Below the floor the clamp passes no gradient, which is the point: the
+    distribution stops narrowing there."""
     rnn_type: str | None = None
+    """None (MLP policy) or "gru"/"lstm": a recurrent memory of rnn_layers x rnn_hidden
+    in front of each MLP (separate memories for actor and critic)."""
     rnn_hidden: int = 256
+    """Hidden size of each recurrent layer (with rnn_type set)."""
     rnn_layers: int = 1
+    """Number of stacked recurrent layers (with rnn_type set)."""
     normalize_obs: bool = True
+    """Running mean/std normalization of observations inside the module (saved with the
+    weights and exported with them)."""
 
     def __post_init__(self) -> None:
         self.actor_hidden = tuple(self.actor_hidden)

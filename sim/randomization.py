@@ -30,18 +30,34 @@ class SimToRealConfig:
     disables the item. Scales multiply the model's nominal value.
     """
 
-    mass_scale: Range | None = None  # every body's mass
-    added_base_mass: Range | None = None  # kg added to the base body (task names it)
-    friction_scale: Range | None = None  # sliding friction of every geom
-    motor_strength: Range | None = None  # per actuator, scales torque (and its limit)
-    kp_scale: Range | None = None  # per actuator, position actuators only
+    mass_scale: Range | None = None
+    """Scale of every body's mass (inertia scales along)."""
+    added_base_mass: Range | None = None
+    """kg added to the base body (the task names it)."""
+    friction_scale: Range | None = None
+    """Scale of the sliding friction of every geom."""
+    motor_strength: Range | None = None
+    """Per actuator, scales torque (and its limit)."""
+    kp_scale: Range | None = None
+    """Per actuator, scales the position gain kp (on top of motor_strength); position
+    actuators only."""
     kd_scale: Range | None = None
-    obs_noise: dict[str, float] = field(default_factory=dict)  # term -> std, per step
-    obs_bias: dict[str, float] = field(default_factory=dict)  # term -> std, per episode
-    action_latency: tuple[int, int] = (0, 0)  # control steps, drawn per env at reset
-    push_interval_s: float | None = None  # mean time between pushes
-    push_velocity: float = 0.0  # max xy base velocity change per push (m/s)
-    obs_history: int = 1  # policy frames stacked, oldest first
+    """Per actuator, scales the damping gain kd (on top of motor_strength); position
+    actuators only."""
+    obs_noise: dict[str, float] = field(default_factory=dict)
+    """Policy observation term -> std of Gaussian noise added to it, drawn every step."""
+    obs_bias: dict[str, float] = field(default_factory=dict)
+    """Policy observation term -> std of a Gaussian offset added to it, drawn per
+    episode."""
+    action_latency: tuple[int, int] = (0, 0)
+    """(low, high) action delay in control steps, drawn per env at reset (integers)."""
+    push_interval_s: float | None = None
+    """Mean time between pushes in seconds (exponentially distributed; the task's base
+    body is pushed); None: no pushes."""
+    push_velocity: float = 0.0
+    """Max xy base velocity change per push (m/s)."""
+    obs_history: int = 1
+    """Policy frames stacked, oldest first."""
 
     def __post_init__(self) -> None:
         for name in ("mass_scale", "friction_scale", "motor_strength", "kp_scale", "kd_scale"):

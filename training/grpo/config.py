@@ -31,11 +31,20 @@ class SamplingConfig:
     """G completions for each of prompts_per_step prompts per training step."""
 
     group_size: int = 8
+    """Completions sampled per prompt (G), the group whose rewards form the baseline;
+    >= 2."""
     prompts_per_step: int = 8
+    """Prompts (groups) trained on per step."""
     max_new_tokens: int = 64
+    """Longest completion in tokens; a longer one is truncated (no EOS)."""
     temperature: float = 1.0
+    """Sampling temperature (> 0); the learner scores log-probabilities under the same
+    temperature."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p,
+    in (0, 1] (1: all tokens)."""
     top_k: int = 0
+    """Sample among the top_k most probable tokens only (0: no limit)."""
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -58,39 +67,60 @@ class SamplingConfig:
 class AlgoConfig:
     """The loss (a preset of the shared core, with overrides) and the optimizer.
 
-    loss: grpo | dapo | dr_grpo | gspo, the core's presets. eps_low, eps_high,
-        aggregation, kl_coef: None keeps the preset's value. norm_constant: Dr. GRPO's
-        divisor; None means sampling.max_new_tokens.
-    advantage: group_relative ((R - mean) / (std + adv_eps)), dr_grpo (R - mean), rloo.
-    num_iterations: passes over each batch (against stored old log-probabilities);
-    num_minibatches: optimizer steps per pass. micro_batch_size: completions per
-    forward/backward within a minibatch (gradients accumulate; each micro-batch's loss
-    is weighted so that their sum is exactly the minibatch's loss); rows are sorted by
-    length first, so a micro-batch pads only to its own longest completion. Set it to
-    bound memory; 0 (auto) splits into 1-8 passes, whichever computes least padding.
+    eps_low, eps_high, aggregation, kl_coef: None keeps the preset's value. Each step
+    makes num_iterations passes over its batch, each of num_minibatches optimizer steps.
     """
 
     loss: str = "grpo"
+    """grpo | dapo | dr_grpo | gspo, the core's presets (training.core.POLICY_LOSS_PRESETS)."""
     advantage: str | None = None
+    """group_relative ((R - mean) / (std + adv_eps)), dr_grpo (R - mean) or rloo; None:
+    dr_grpo with loss=dr_grpo, else group_relative."""
     adv_eps: float = 1e-4
+    """The eps of the group_relative advantage, added to the group's reward std (>= 0)."""
     eps_low: float | None = None
+    """Lower clip range of the ratio, [1 - eps_low, ...]; None keeps the preset's value."""
     eps_high: float | None = None
+    """Upper clip range of the ratio, [..., 1 + eps_high]; None keeps the preset's value."""
     aggregation: str | None = None
+    """How the per-token losses are reduced: token_mean, seq_mean_token_mean or
+    seq_mean_token_sum_norm; None keeps the preset's value."""
     norm_constant: float | None = None
+    """Dr. GRPO's divisor (seq_mean_token_sum_norm); None means sampling.max_new_tokens."""
     kl_coef: float | None = None
+    """Weight of the KL term to the reference policy (> 0 needs one, see model.reference);
+    None keeps the preset's value."""
     kl_estimator: str = "k3"
+    """Estimator of the KL to the reference: k1, k2 or k3."""
     entropy_coef: float = 0.0
+    """Entropy bonus subtracted from the loss (0: none)."""
     num_iterations: int = 1
+    """Passes over each batch (against stored old log-probabilities)."""
     num_minibatches: int = 1
+    """Optimizer steps per pass (the batch is shuffled and split into this many)."""
     micro_batch_size: int = 0
+    """Completions per forward/backward within a minibatch (gradients accumulate; each
+    micro-batch's loss is weighted so that their sum is exactly the minibatch's loss);
+    rows are sorted by length first, so a micro-batch pads only to its own longest
+    completion. Set it to bound memory; 0 (auto) splits into 1-8 passes, whichever
+    computes least padding."""
     lr: float = 1e-5
+    """Learning rate of AdamW (the peak of the schedule)."""
     lr_schedule: str = "constant"
+    """constant, linear or cosine: linear and cosine decay from lr to lr * min_lr_ratio
+    over the steps after warmup_steps, up to run.steps."""
     warmup_steps: int = 0
+    """Steps of linear warm-up towards lr before the schedule starts."""
     min_lr_ratio: float = 0.0
+    """Final learning rate of the linear/cosine schedule as a fraction of lr, in [0, 1]."""
     weight_decay: float = 0.0
+    """AdamW's (decoupled) weight decay."""
     adam_beta1: float = 0.9
+    """AdamW's beta1, in [0, 1)."""
     adam_beta2: float = 0.999
+    """AdamW's beta2, in [0, 1)."""
     max_grad_norm: float = 1.0
+    """Clip the gradient's global norm to this (0: no clipping)."""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -146,15 +176,14 @@ class AlgoConfig:
 
 @dataclass
 class DynamicSamplingConfig:
-    """DAPO: drop groups whose rewards are all equal and sample more prompts to refill.
-
-    enabled: None turns it on for algo.loss=dapo only. max_rounds: sampling rounds per
-    step at most; the step trains on what it has after that.
-    """
+    """DAPO: drop groups whose rewards are all equal and sample more prompts to refill."""
 
     enabled: bool | None = None
+    """None turns it on for algo.loss=dapo only."""
     max_rounds: int = 4
+    """Sampling rounds per step at most; the step trains on what it has after that."""
     atol: float = 0.0
+    """A group whose rewards spread (max - min) by no more than this counts as all equal."""
 
     def __post_init__(self) -> None:
         if self.max_rounds < 1:
@@ -165,12 +194,25 @@ class DynamicSamplingConfig:
 
 @dataclass
 class CurriculumConfig:
-    """Variance curriculum (VCRL): prefer prompts whose recent rewards vary most."""
+    """Variance curriculum (VCRL): prefer prompts whose recent rewards vary most.
+
+    Off, prompts come in epochs of a seeded permutation. On, each step draws its prompts
+    with probabilities (1 - floor) * softmax(v / temperature) + floor / P, v the variance
+    of a prompt's recent rewards over the largest such variance
+    (training.core.variance_curriculum_weights).
+    """
 
     enabled: bool = False
+    """Draw prompts by the variance of their recent rewards instead of in epochs."""
     history: int = 16
+    """Recent rewards kept per prompt (>= 2); a prompt with fewer than two counts as the
+    most varied."""
     temperature: float = 1.0
+    """Softmax temperature over the normalized variances (> 0); lower concentrates on the
+    most uncertain prompts."""
     floor: float = 0.1
+    """Share of probability spread evenly over all prompts, in (0, 1]: every prompt keeps
+    at least floor / P."""
 
     def __post_init__(self) -> None:
         if self.history < 2:
@@ -182,19 +224,28 @@ class CurriculumConfig:
 
 @dataclass
 class RewardConfig:
-    """Reward functions (library names or package.module:function), their weights, and
-    what to do with a sample whose reward raised or is not a finite number:
-    skip_group (drop its group from the update, count it), zero (use 0, count it),
-    raise. max_invalid_fraction: a step with more invalid samples than this raises,
-    whatever on_error says: a reward that mostly fails is a bug, not noise.
+    """Reward functions, their weights, and what to do with a sample whose reward fails.
+
+    A sample's reward is the weighted sum of the functions' values; it is invalid when a
+    function raised or returned a number that is not finite.
     """
 
     functions: tuple[str, ...] = ("exact_match",)
+    """Reward functions: library names (exact_match, numeric, format) or
+    package.module:function."""
     weights: tuple[float, ...] = ()
+    """One weight per function; empty: all 1."""
     numeric_tolerance: float = 1e-6
+    """Absolute tolerance of the numeric reward's comparison with the answer."""
     format_pattern: str = r".+"
+    """Regular expression the whole (stripped) completion must match for the format
+    reward."""
     on_error: str = "skip_group"
+    """What to do with a sample whose reward raised or is not a finite number: skip_group
+    (drop its group from the update, count it), zero (use 0, count it), raise."""
     max_invalid_fraction: float = 0.5
+    """A step with more invalid samples than this raises, whatever on_error says: a reward
+    that mostly fails is a bug, not noise."""
 
     def __post_init__(self) -> None:
         if not self.functions:
@@ -215,15 +266,29 @@ class RewardConfig:
 
 @dataclass
 class RunConfig:
+    """Seed, length, device and outputs of a run."""
+
     seed: int = 0
+    """Seed of torch, numpy and Python's random, the prompt order, sampling and minibatch
+    shuffling (--seed)."""
     steps: int = 100
+    """Total training steps of the run (--steps); a resumed run continues up to it."""
     checkpoint_every: int = 50
+    """Save checkpoints/latest.pt every this many steps (and at the last step or on an
+    interrupt)."""
     device: str = "cpu"
+    """Torch device of the policy (cpu, cuda, cuda:1, ...)."""
     threads: int = 0
+    """Torch CPU threads (0: torch's default)."""
     tensorboard: bool = True
+    """Also write the metrics as TensorBoard events (run_dir/tensorboard)."""
     progress: bool = True
+    """Show a progress bar."""
     save_final_model: bool = True
+    """Save the trained model (save_pretrained) to run_dir/final when the run completes."""
     log_samples: int = 2
+    """Completions per step written to samples.jsonl with their prompts and rewards (0:
+    none)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -238,14 +303,25 @@ class RunConfig:
 
 @dataclass
 class GRPOTrainConfig:
+    """The whole configuration of a GRPO-family run; every field is a command-line override."""
+
     data: str = ""
+    """Prompts file (--data, required): JSON lines with 'prompt' and 'answer'; other
+    columns are passed on to the reward functions."""
     model: LanguageModelConfig = field(default_factory=LanguageModelConfig)
+    """The language model and its adapter (--model sets model.path)."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Completions sampled per step."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The loss and the optimizer."""
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    """DAPO's dynamic sampling."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Variance curriculum over the prompts."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward functions and the handling of failing rewards."""
     run: RunConfig = field(default_factory=RunConfig)
+    """Seed, length, device and outputs."""
 
     @property
     def dynamic_sampling_enabled(self) -> bool:
