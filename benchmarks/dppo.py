@@ -78,7 +78,7 @@ EXPERTS = {
 # (returns of seeds 0/1/2: 1 500 updates -22/270/79, 8 000 570/339/354, 20 000
 # 741/633/779); hopper's plateaus by 1 500.
 BC_UPDATES = {"hopper": 1500, "halfcheetah": 20_000}
-QUIET_DIFF = ["run.progress=false", "run.tensorboard=false", "run.final_eval=false"]
+QUIET_DIFF = ["run.progress=false", "run.tensorboard=false"]
 EVAL_EPISODES = 10
 
 
@@ -121,11 +121,12 @@ def ensure_expert(task: str, checkpoint: str) -> str:
         return checkpoint
     if checkpoint != EXPERTS.get(task):
         raise SystemExit(f"expert checkpoint {checkpoint} for {task} does not exist")
-    from training.runner import PPORunner, build_config
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
 
     run_dir = path.parent.parent
     print(f"[{task}] training the demonstrator: {EXPERT_STEPS} steps into {run_dir}", flush=True)
-    cfg = build_config(
+    cfg = build_ppo_config(
         task,
         [
             "run.seed=0",
@@ -136,20 +137,21 @@ def ensure_expert(task: str, checkpoint: str) -> str:
         ],
     )
     resume = run_dir if (run_dir / "checkpoints" / "latest.pt").exists() else None
-    PPORunner(cfg, run_dir, resume=resume).train()
+    OnPolicyRunner(cfg, run_dir, resume=resume).train()
     if not path.exists():
         raise SystemExit(f"training {run_dir} did not leave {path}: check run.checkpoint_every")
     return checkpoint
 
 
 def collect(task: str, expert: str, out: Path, episodes: int, noise: float) -> dict[str, Any]:
-    from training.artifacts import evaluate_checkpoint
-    from training.demos import collect_demos, save_demos
+    from training.artifacts import evaluate_source
+    from training.collect import collect_demos
+    from training.demos import save_demos
 
     t0 = time.perf_counter()
     data = collect_demos(expert, task, episodes, noise, seed=777, num_envs=16)
     path = save_demos(out / task / "demos.hdf5", data)
-    expert_eval = evaluate_checkpoint(expert, task, EVAL_EPISODES, seed=_eval_seed(0))
+    expert_eval = evaluate_source(expert, task=task, episodes=EVAL_EPISODES, seed=_eval_seed(0))
     return {
         "path": str(path),
         "wall_s": time.perf_counter() - t0,
@@ -161,7 +163,8 @@ def collect(task: str, expert: str, out: Path, episodes: int, noise: float) -> d
 def diffusion_bc(
     task: str, demos: str, seed: int, out: Path, updates: int, extra: list[str]
 ) -> dict[str, Any]:
-    from training.dppo_runner import BCRunner, build_bc_config
+    from training.bc_runner import BCRunner
+    from training.train_configs import build_bc_config
 
     run_dir = out / task / f"bc-s{seed}"
     cfg = build_bc_config(
@@ -172,6 +175,7 @@ def diffusion_bc(
     t0 = time.perf_counter()
     runner = BCRunner(cfg, run_dir)
     runner.train()
+    runner.close()
     wall = time.perf_counter() - t0
     ev = _eval_diffusion(runner.policy, cfg, seed)
     det = _eval_diffusion(runner.policy, cfg, seed, deterministic=True)
@@ -186,10 +190,11 @@ def diffusion_bc(
 
 def _eval_diffusion(policy, cfg, seed: int, deterministic: bool = False) -> dict[str, Any]:
     """Sampling mode (x_0 ~ N(0, I), seeded) unless deterministic (canonical x_0)."""
-    from training.dppo_runner import evaluate_diffusion
+    from training.policy_kinds import CHECKPOINT_KINDS, evaluate_policy
 
-    return evaluate_diffusion(
-        policy, cfg, EVAL_EPISODES, seed=_eval_seed(seed), deterministic=deterministic
+    family = CHECKPOINT_KINDS["dppo"].family
+    return evaluate_policy(
+        policy, cfg, family, EVAL_EPISODES, seed=_eval_seed(seed), deterministic=deterministic
     )
 
 
@@ -197,51 +202,60 @@ def dppo(
     task: str, bc_dir: str, seed: int, out: Path, budget: int, evals: int, extra: list[str]
 ) -> dict[str, Any]:
     from training.config import config_hash
-    from training.dppo_runner import DPPORunner
+    from training.runner import OnPolicyRunner
 
     run_dir = out / task / f"dppo-s{seed}"
     cfg = dppo_config(task, bc_dir, seed, budget, extra)
     settings = config_hash(cfg)  # before the loop below moves run.total_steps
-    runner = DPPORunner(cfg, run_dir)
+    runner = OnPolicyRunner(cfg, run_dir)
+    t0 = time.perf_counter()
+    trained = _train_with_evals(runner, budget, evals, lambda p: _eval_diffusion(p, cfg, seed))
+    det = _eval_diffusion(runner.policy, cfg, seed, deterministic=True)
+    runner.close()
+    return {
+        "run_dir": str(run_dir),
+        "wall_s": time.perf_counter() - t0,
+        **trained,
+        "return_deterministic": det["return_mean"],
+        "config_hash": settings,
+    }
+
+
+def _train_with_evals(runner, budget: int, evals: int, evaluate) -> dict[str, Any]:
+    """Train to ``budget`` env steps, pausing ``evals`` times for ``evaluate(policy)``
+    (the learning curve); the training time excludes the evaluations."""
     per_iter = runner.steps_per_iteration
     iters = math.ceil(budget / per_iter)
     marks = sorted({max(1, round(iters * (i + 1) / evals)) for i in range(evals)})
     curve = [{"env_steps": 0, "return": None}]
-    t0 = time.perf_counter()
     train_s = 0.0
     for m in marks:
         runner.cfg.run.total_steps = m * per_iter
         t1 = time.perf_counter()
         runner.train()
         train_s += time.perf_counter() - t1
-        ev = _eval_diffusion(runner.policy, cfg, seed)
+        ev = evaluate(runner.policy)
         curve.append({"env_steps": runner.env_steps, "return": ev["return_mean"]})
-    det = _eval_diffusion(runner.policy, cfg, seed, deterministic=True)
-    runner.close()
     return {
-        "run_dir": str(run_dir),
-        "wall_s": time.perf_counter() - t0,
         "train_s": train_s,
         "env_steps": runner.env_steps,
         "return": curve[-1]["return"],
-        "return_deterministic": det["return_mean"],
         "curve": curve,
-        "config_hash": settings,
     }
 
 
 def dppo_config(task: str, bc_dir: str, seed: int, budget: int, extra: list[str]):
     """The fine-tuning run's resolved config: DPPO defaults, the task's preset, `extra`."""
-    from training.dppo_runner import build_dppo_config
+    from training.policy_kinds import dppo_config_from
 
     over = QUIET_DIFF + [f"run.seed={seed}", f"dppo.seed={seed}", f"run.total_steps={budget}"]
-    return build_dppo_config(task, bc_dir, over + extra)
+    return dppo_config_from(bc_dir, task, over + extra)
 
 
 def _gauss_cfg(task: str, seed: int, budget: int, extra: list[str]):
-    from training.runner import build_config
+    from training.train_configs import build_ppo_config
 
-    return build_config(
+    return build_ppo_config(
         task,
         [
             f"run.seed={seed}",
@@ -273,19 +287,10 @@ def _gauss_cfg(task: str, seed: int, budget: int, extra: list[str]):
 
 
 def _eval_gaussian(policy, cfg, seed: int) -> dict[str, Any]:
-    from training.artifacts import TorchActor
-    from training.evaluate import evaluate
-    from training.runner import make_env
+    from training.policy_kinds import CHECKPOINT_KINDS, evaluate_policy
 
-    env = make_env(cfg, num_envs=EVAL_EPISODES, seed=_eval_seed(seed), randomize=False)
-    try:
-        was = policy.training
-        policy.eval()
-        stats = evaluate(TorchActor(policy, env.num_envs, env.device), env, EVAL_EPISODES)
-        policy.train(was)
-    finally:
-        env.close()
-    return stats
+    family = CHECKPOINT_KINDS["ppo"].family
+    return evaluate_policy(policy, cfg, family, EVAL_EPISODES, seed=_eval_seed(seed))
 
 
 def gaussian_bc(
@@ -294,13 +299,13 @@ def gaussian_bc(
     from training.algorithms.bc import BC, BCConfig
     from training.checkpoint import save_checkpoint
     from training.demos import load_demos
-    from training.runner import make_env, make_policy
+    from training.policy_kinds import CHECKPOINT_KINDS, make_env
 
     torch.manual_seed(seed)
     cfg = _gauss_cfg(task, seed, 1, extra)
     data = load_demos(demos, task=task)
     env = make_env(cfg, num_envs=1, randomize=False)
-    policy = make_policy(cfg, env)
+    policy = CHECKPOINT_KINDS["ppo"].family.build_policy(cfg, env)
     env.close()
     obs, act = data.windows(1, 1)
     t0 = time.perf_counter()
@@ -318,34 +323,16 @@ def gaussian_ppo(
     task: str, state: str, seed: int, out: Path, budget: int, evals: int, extra: list[str]
 ) -> dict[str, Any]:
     from training.checkpoint import load_checkpoint
-    from training.runner import PPORunner
+    from training.runner import OnPolicyRunner
 
     cfg = _gauss_cfg(task, seed, budget, extra)
     run_dir = out / task / f"gppo-s{seed}"
-    runner = PPORunner(cfg, run_dir)
+    runner = OnPolicyRunner(cfg, run_dir)
     runner.policy.load_state_dict(load_checkpoint(state)["policy"])
-    per_iter = runner.steps_per_iteration
-    iters = math.ceil(budget / per_iter)
-    marks = sorted({max(1, round(iters * (i + 1) / evals)) for i in range(evals)})
-    curve = [{"env_steps": 0, "return": None}]
     t0 = time.perf_counter()
-    train_s = 0.0
-    for m in marks:
-        runner.cfg.run.total_steps = m * per_iter
-        t1 = time.perf_counter()
-        runner.train()
-        train_s += time.perf_counter() - t1
-        ev = _eval_gaussian(runner.policy, cfg, seed)
-        curve.append({"env_steps": runner.env_steps, "return": ev["return_mean"]})
-    runner.env.close()
-    return {
-        "run_dir": str(run_dir),
-        "wall_s": time.perf_counter() - t0,
-        "train_s": train_s,
-        "env_steps": runner.env_steps,
-        "return": curve[-1]["return"],
-        "curve": curve,
-    }
+    trained = _train_with_evals(runner, budget, evals, lambda p: _eval_gaussian(p, cfg, seed))
+    runner.close()
+    return {"run_dir": str(run_dir), "wall_s": time.perf_counter() - t0, **trained}
 
 
 def _latency_rounds(
@@ -372,15 +359,15 @@ def onnx_check(
     run_dir: str, gauss_run: str | None, seed: int, calls: int = 10_000
 ) -> dict[str, Any]:
     """Export the DPPO policy, run it in sim2sim, time it beside the Gaussian MLP's ONNX."""
-    from deploy.export import export_checkpoint, read_parity
+    from deploy.export import read_parity
     from deploy.runtime import OnnxPolicy
     from deploy.sim2sim import evaluate_onnx
-    from training.dppo_runner import export_diffusion
+    from training.export import export_run
 
-    path = export_diffusion(run_dir)
+    path = export_run(run_dir)
     policies = {"diffusion": OnnxPolicy(path, seed=0)}
     if gauss_run is not None:
-        policies["gaussian"] = OnnxPolicy(export_checkpoint(gauss_run), seed=0)
+        policies["gaussian"] = OnnxPolicy(export_run(gauss_run), seed=0)
     meta = policies["diffusion"].metadata
     ms = _latency_rounds(policies, meta.obs_frame_size, calls)
     sim = evaluate_onnx(path, episodes=EVAL_EPISODES, seed=_eval_seed(seed))
@@ -429,27 +416,23 @@ class ExploringDiffusionActor:
 
 def stochastic_eval(task: str, method: str, entry: dict[str, Any], seed: int) -> float:
     """Return of the stochastic policy (exploration noise on), 10 episodes, eval seeds."""
+    from sim.evaluation import evaluate
     from training.checkpoint import find_checkpoint, load_checkpoint
-    from training.evaluate import evaluate
+    from training.policy_kinds import CHECKPOINT_KINDS, load_policy, make_env
 
     torch.manual_seed(_eval_seed(seed))
     if method in ("bc", "dppo"):
-        from training.dppo_runner import load_diffusion_checkpoint, make_diffusion_env
-
-        policy, cfg, ck = load_diffusion_checkpoint(entry["run_dir"])
+        loaded = load_policy(entry["run_dir"])
+        policy = loaded.policy
         min_std = 0.1
         if method == "dppo":
-            min_std = float(ck["config"]["dppo"]["min_std"])
-        env = make_diffusion_env(
-            cfg, policy.cfg, num_envs=EVAL_EPISODES, seed=_eval_seed(seed), randomize=False
-        )
+            min_std = float(loaded.ck["config"]["dppo"]["min_std"])
+        env = loaded.make_env(EVAL_EPISODES, _eval_seed(seed), randomize=False)
         act = ExploringDiffusionActor(policy, env.num_envs, min_std, _eval_seed(seed))
     else:
-        from training.runner import make_env, make_policy
-
         cfg = _gauss_cfg(task, seed, 1, [])
         env = make_env(cfg, num_envs=EVAL_EPISODES, seed=_eval_seed(seed), randomize=False)
-        policy = make_policy(cfg, env)
+        policy = CHECKPOINT_KINDS["ppo"].family.build_policy(cfg, env)
         src = entry["state"] if method == "gbc" else find_checkpoint(entry["run_dir"])
         policy.load_state_dict(load_checkpoint(src)["policy"])
         policy.eval()

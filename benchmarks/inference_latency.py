@@ -43,24 +43,24 @@ TARGET_SPEEDUP = 2.0
 
 def _quadruped_policy(train_steps: int, workdir: Path):
     """(inference module, metadata, description) of a quadruped policy."""
-    from deploy.export import metadata_from_checkpoint
     from training.config import config_hash, to_dict
+    from training.metadata import metadata_from_checkpoint
+    from training.policy_kinds import CHECKPOINT_KINDS, load_policy, make_env
     from training.run_control import code_version
-    from training.runner import PPORunner, build_config, make_env, make_policy
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
 
     quiet = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
     if train_steps > 0:
-        cfg = build_config("quadruped", quiet + [f"run.total_steps={train_steps}"])
-        runner = PPORunner(cfg, workdir / "run")
+        cfg = build_ppo_config("quadruped", quiet + [f"run.total_steps={train_steps}"])
+        runner = OnPolicyRunner(cfg, workdir / "run")
         runner.train()
-        from training.artifacts import load_policy_from_checkpoint
-
-        policy, _, ck = load_policy_from_checkpoint(workdir / "run")
+        loaded = load_policy(workdir / "run")
         what = f"trained {runner.env_steps} env steps ({runner.iteration} PPO iterations)"
-        return policy.inference_module(), metadata_from_checkpoint(ck), what
-    cfg = build_config("quadruped", quiet)
+        return loaded.policy.inference_module(), loaded.metadata(), what
+    cfg = build_ppo_config("quadruped", quiet)
     env = make_env(cfg, num_envs=64, randomize=False)
-    policy = make_policy(cfg, env)
+    policy = CHECKPOINT_KINDS["ppo"].family.build_policy(cfg, env)
     # give the normalizer the statistics of a first rollout, as training would
     policy.train()
     obs = env.reset()

@@ -32,11 +32,12 @@ RL_ZOO_PPO = {
 
 
 def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
-    from training.artifacts import evaluate_checkpoint
+    from training.artifacts import evaluate_source
     from training.metrics import read_metrics
-    from training.runner import PPORunner, build_config
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
 
-    cfg = build_config(
+    cfg = build_ppo_config(
         task,
         [
             f"run.seed={seed}",
@@ -48,7 +49,7 @@ def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> di
     )
     run_dir = out / f"{task}-s{seed}"
     t0 = time.perf_counter()
-    runner = PPORunner(
+    runner = OnPolicyRunner(
         cfg, run_dir, resume=run_dir if (run_dir / "checkpoints" / "latest.pt").exists() else None
     )
     runner.train()
@@ -57,7 +58,7 @@ def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> di
     # also when this call only resumed (or found finished) an earlier one
     rows = read_metrics(run_dir / "metrics.jsonl")
     train_s = sum(r["perf/rollout_seconds"] + r["perf/update_seconds"] for r in rows)
-    stats = evaluate_checkpoint(run_dir, None, episodes=10, seed=10_000 + seed)
+    stats = evaluate_source(run_dir, episodes=10, seed=10_000 + seed)
     return {"task": task, "seed": seed, "steps": runner.env_steps, "wall_s": wall,
             "train_s": train_s, **stats}  # fmt: skip
 

@@ -106,24 +106,25 @@ def sb3_same(steps: int, seed: int) -> dict:
 
 
 def ours_same(steps: int, seed: int, out: Path) -> dict:
-    from training.artifacts import evaluate_checkpoint
-    from training.runner import PPORunner, build_config
+    from training.artifacts import evaluate_source
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
 
     minibatches = SAME["num_envs"] * SAME["n_steps"] // SAME["batch_size"]
     h = ",".join(map(str, SAME["hidden"]))
-    cfg = build_config("halfcheetah", [
+    cfg = build_ppo_config("halfcheetah", [
         f"env.num_envs={SAME['num_envs']}", f"ppo.num_steps={SAME['n_steps']}", f"ppo.num_epochs={SAME['n_epochs']}",
         f"ppo.num_minibatches={minibatches}", f"ppo.lr={SAME['lr']}", "ppo.schedule=fixed",
         f"ppo.gamma={SAME['gamma']}", f"ppo.lam={SAME['lam']}", f"policy.actor_hidden={h}", f"policy.critic_hidden={h}",
         "policy.activation=tanh", "ppo.value_clip=none", "ppo.value_coef=0.5", "ppo.max_grad_norm=0.5",
         f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false", "run.video=false",
     ])  # fmt: skip
-    runner = PPORunner(cfg, out / "same")
+    runner = OnPolicyRunner(cfg, out / "same")
     # timed like SB3's learn(): training only, not building the learner and its env
     t0 = time.perf_counter()
     summary = runner.train()
     wall = time.perf_counter() - t0
-    ev = evaluate_checkpoint(out / "same", None, episodes=10, seed=100)
+    ev = evaluate_source(out / "same", episodes=10, seed=100)
     return {"steps_per_s": runner.env_steps / wall, "train_return": summary["return"],
             "eval_return": ev["return_mean"], "wall_s": wall}  # fmt: skip
 
@@ -160,7 +161,7 @@ def sb3_zoo(steps: int, seed: int) -> dict:
 
 
 class _EpisodeLog(deque):
-    """Stands in for our runner's recent_returns (the last 100 episodes, for its log)
+    """Stands in for our logger's recent_returns (the last 100 episodes, for its log)
     and records every finished episode, so that (b) reads our training return as it
     reads SB3's: the mean of the last 20 episodes, against the wall time since
     training began."""
@@ -183,18 +184,19 @@ class _EpisodeLog(deque):
 
 
 def ours_preset(steps: int, seed: int, out: Path) -> dict:
-    from training.runner import PPORunner, build_config
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
 
-    cfg = build_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
+    cfg = build_ppo_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
                                        "run.video=false"])  # fmt: skip
     run_dir = out / f"preset_{steps}"
     if run_dir.exists():
         # a timing run starts from scratch: a resumed one's wall time would mean nothing
         print(f"(b) removing the earlier run {run_dir}", flush=True)
         shutil.rmtree(run_dir)
-    runner = PPORunner(cfg, run_dir)
+    runner = OnPolicyRunner(cfg, run_dir)
     t0 = time.perf_counter()
-    runner.recent_returns = log = _EpisodeLog(runner, t0)
+    runner.logger.recent_returns = log = _EpisodeLog(runner, t0)
     runner.train()
     wall = time.perf_counter() - t0
     return {"curve": log.points, "wall_s": wall}

@@ -6,7 +6,7 @@ hardware limit (same as `sim2real bench sim`).
 
 import sys
 
-from sim.bench import main
+from training.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "sim", *sys.argv[1:]]))

@@ -26,8 +26,6 @@ and it turns ``nn.GRU``/``nn.LSTM`` into ONNX's GRU/LSTM ops.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import tempfile
 import warnings
@@ -47,9 +45,7 @@ __all__ = [
     "PARITY_TOLERANCE",
     "PARITY_KEY",
     "ExportError",
-    "export_checkpoint",
     "export_policy",
-    "metadata_from_checkpoint",
     "read_parity",
     "register_exporter",
     "registered_families",
@@ -332,157 +328,6 @@ def _pin_shapes(model: Any, inputs: Mapping[str, tuple], outputs: Mapping[str, t
             dims.add().dim_param = "batch"
             for size in shapes[value.name]:
                 dims.add().dim_value = int(size)
-
-
-# ---------------------------------------------------------------------- checkpoints
-def metadata_from_checkpoint(
-    ck: Mapping[str, Any], action_bounds: tuple[Any, Any] | None = None
-) -> PolicyMetadata:
-    """The deployment metadata of a PPO checkpoint payload (training.runner's format).
-
-    Every field comes from the checkpoint: the policy observation terms and history
-    length, the robot description (joint order, default pose, PD gains, action scale and
-    offset, control period), the task, run id, code version and config hash; the policy
-    family and recurrent state from the saved policy config.
-
-    Joint limits, which the safety layer clamps the target to:
-
-    - position control (``robot.control_mode == "position"``): the joints' position
-      ranges; a joint without a range gets the targets its action bounds can reach,
-      ``offset + scale * bound``.
-    - torque control (the Gymnasium tasks): the target *is* the actuator command
-      (``action_scale`` 1, ``action_offset`` 0), so ``joint_pos_lower/upper`` are set to
-      the **action bounds** (the actuator control range): the safety layer then clamps
-      the torque command to the actuator range, as the simulator does. The physical
-      joint ranges are kept in ``extra["joint_range_lower"/"joint_range_upper"]`` and
-      ``default_joint_pos`` stays the physical default pose; a torque robot's safe
-      command is zero (``action_offset``), not that pose (sim2sim sets it so).
-
-    ``action_bounds`` (low, high) default to the task's action spec, read from an
-    environment built from the checkpoint's config. ``extra`` carries ``control_mode``,
-    ``physics_dt``, ``torque_limit``, ``action_low``/``action_high`` (JSON) and
-    ``max_episode_steps`` (empty for the task's default).
-    """
-    from training.checkpoint import CheckpointError
-
-    try:
-        robot = ck["robot"]
-        arch = ck["architecture"]
-        policy_cfg = arch["policy"]
-        config = ck["config"]
-        obs_terms = [(str(n), int(s)) for n, s in ck["obs_terms"]["policy"]]
-        history = int(ck["obs_history"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint lacks what export needs: {exc!r}") from None
-    mode = str(robot.get("control_mode", "torque"))
-    if mode not in ("torque", "position"):
-        raise CheckpointError(f"checkpoint robot has unknown control_mode {mode!r}")
-    if action_bounds is None:
-        action_bounds = _action_bounds_from_config(ck)
-    low = np.asarray(action_bounds[0], dtype=np.float64).reshape(-1)
-    high = np.asarray(action_bounds[1], dtype=np.float64).reshape(-1)
-    scale = np.asarray(robot["action_scale"], dtype=np.float64)
-    offset = np.asarray(robot["action_offset"], dtype=np.float64)
-    jlo = np.asarray(robot["joint_pos_lower"], dtype=np.float64)
-    jhi = np.asarray(robot["joint_pos_upper"], dtype=np.float64)
-    if mode == "torque":
-        lower, upper = low.copy(), high.copy()
-    else:
-        reach = np.sort(np.stack([offset + scale * low, offset + scale * high]), axis=0)
-        lower = np.where(np.isfinite(jlo), jlo, reach[0])
-        upper = np.where(np.isfinite(jhi), jhi, reach[1])
-
-    rnn_type = policy_cfg.get("rnn_type")
-    if rnn_type is None:
-        family, state = "gaussian_mlp", []
-    else:
-        names = ["h", "c"] if rnn_type == "lstm" else ["h"]
-        shape = [int(policy_cfg["rnn_layers"]), int(policy_cfg["rnn_hidden"])]
-        family, state = "recurrent", [(n, shape) for n in names]
-    max_steps = config.get("env", {}).get("max_episode_steps")
-    extra = {
-        "control_mode": mode,
-        "physics_dt": repr(float(robot["physics_dt"])),
-        "torque_limit": _json_floats(robot.get("torque_limit", [])),
-        "action_low": _json_floats(low),
-        "action_high": _json_floats(high),
-        "joint_range_lower": _json_floats(jlo),
-        "joint_range_upper": _json_floats(jhi),
-        "max_episode_steps": "" if max_steps is None else str(int(max_steps)),
-    }
-    if rnn_type is not None:
-        extra["rnn_type"] = str(rnn_type)
-    for key in ("iteration", "env_steps"):
-        if key in ck:
-            extra[key] = str(ck[key])
-    return PolicyMetadata(
-        policy_family=family,
-        obs_terms=obs_terms,
-        action_joint_names=list(robot["joint_names"]),
-        action_scale=scale,
-        action_offset=offset,
-        default_joint_pos=robot["default_joint_pos"],
-        kp=robot["kp"],
-        kd=robot["kd"],
-        joint_pos_lower=lower,
-        joint_pos_upper=upper,
-        control_period_s=float(robot["control_dt"]),
-        obs_history_length=history,
-        recurrent_state=state,
-        noise_shape=None,
-        task=str(arch["task"]),
-        run_id=str(ck.get("run_id", "")),
-        code_version=str(ck.get("code_version", "")),
-        config_hash=str(ck.get("config_hash", "")),
-        opset=DEFAULT_OPSET,
-        extra=extra,
-    )
-
-
-def _json_floats(values: Any) -> str:
-    """JSON list of floats, non-finite values as null (strict JSON)."""
-    return json.dumps([v if math.isfinite(v) else None for v in map(float, np.ravel(values))])
-
-
-def _action_bounds_from_config(ck: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    from training.runner import config_from_checkpoint, make_env
-
-    cfg = config_from_checkpoint(dict(ck))
-    env = make_env(cfg, num_envs=1, randomize=False)
-    try:
-        return env.action_spec.low.copy(), env.action_spec.high.copy()
-    finally:
-        env.close()
-
-
-def export_checkpoint(
-    run_or_ckpt: str | os.PathLike[str],
-    out: str | os.PathLike[str] | None = None,
-    *,
-    opset: int = DEFAULT_OPSET,
-) -> Path:
-    """Export a run directory's latest checkpoint (or a checkpoint file) to ONNX.
-
-    The default output is ``<run-dir>/policy.onnx`` (for a checkpoint file inside
-    ``<run-dir>/checkpoints/``, that run directory; else next to the file). Returns the
-    path; the measured ONNX-vs-torch error is in the metadata's ``extra[PARITY_KEY]``.
-    """
-    from training.artifacts import load_policy_from_checkpoint
-    from training.checkpoint import find_checkpoint
-
-    ck_path = find_checkpoint(run_or_ckpt)
-    policy, cfg, ck = load_policy_from_checkpoint(ck_path)
-    meta = metadata_from_checkpoint(ck)
-    if out is None:
-        src = Path(run_or_ckpt)
-        if src.is_dir():
-            out = src / "policy.onnx"
-        elif ck_path.parent.name == "checkpoints":
-            out = ck_path.parent.parent / "policy.onnx"
-        else:
-            out = ck_path.with_suffix(".onnx")
-    module = policy.inference_module().cpu()
-    return export_policy(module, meta, out, opset=opset)
 
 
 def read_parity(path: str | os.PathLike[str]) -> float | None:

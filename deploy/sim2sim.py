@@ -2,7 +2,7 @@
 
 The file is loaded with :class:`deploy.runtime.OnnxPolicy` (onnxruntime, no torch) and
 every env's action passes through its own :class:`deploy.safety.SafetyLayer`, as on the
-robot; the episode statistics come from :func:`training.evaluate.evaluate`, the function
+robot; the episode statistics come from :func:`sim.evaluation.evaluate`, the function
 that evaluates checkpoints, so the two reports are the same numbers computed the same
 way.
 
@@ -33,6 +33,7 @@ from deploy.arrays import ActionMap
 from deploy.metadata import PolicyLoadError, PolicyMetadata
 from deploy.runtime import OnnxPolicy
 from deploy.safety import COUNTER_NAMES, SafetyConfig, SafetyLayer
+from sim.evaluation import evaluate
 
 __all__ = ["Sim2SimActor", "Sim2SimError", "Sim2SimLoadError", "evaluate_onnx", "make_env_for"]
 
@@ -56,7 +57,7 @@ def _sim_config(meta: PolicyMetadata, *, strict: bool) -> SafetyConfig:
 
 
 class Sim2SimActor:
-    """``act(obs, reset_mask) -> actions`` for :func:`training.evaluate.evaluate`.
+    """``act(obs, reset_mask) -> actions`` for :func:`sim.evaluation.evaluate`.
 
     Feeds the env's policy observation group (history frames already stacked by the
     env) to :meth:`OnnxPolicy.act_batch`, carries the recurrent state (zeroed for envs
@@ -200,8 +201,8 @@ def evaluate_onnx(
 ) -> dict[str, Any]:
     """Evaluate an exported policy file in the simulator; the checkpoint's statistics.
 
-    Returns ``{"task", "source", "randomize", **training.evaluate.evaluate(...)}``, the
-    keys of :func:`training.artifacts.evaluate_checkpoint`. The task is the metadata's
+    Returns ``{"task", "source", "randomize", **sim.evaluation.evaluate(...)}``, the
+    keys of :func:`training.artifacts.evaluate_source` for a checkpoint. The task is the metadata's
     unless given. ``randomize`` turns on the task's sim-to-real defaults (domain
     randomization, observation noise, action latency, pushes). If ``counters`` is a
     dict, the summed safety-layer counts are written into it. A generative policy
@@ -213,8 +214,6 @@ def evaluate_onnx(
     PolicyLoadError) for a file onnxruntime cannot load, MetadataError for bad metadata
     and :class:`Sim2SimError` when the file does not fit the task.
     """
-    from training.evaluate import evaluate
-
     try:
         policy = OnnxPolicy(path, seed=seed, deterministic=zero_noise)
     except PolicyLoadError as exc:

@@ -39,32 +39,33 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class LanguageModelConfig:
-    """How to load and wrap the model.
-
-    lora_r: 0 trains all weights; > 0 adds a LoRA adapter (peft) of this rank and
-        trains only the adapter.
-    lora_target: "all-linear" or a comma-separated list of module names (q_proj,v_proj).
-    reference: where reference log-probabilities come from: "copy" (a frozen copy of
-        the starting weights), "adapter_disabled" (the base weights, LoRA switched off;
-        needs lora_r > 0), "none", or "auto" (adapter_disabled with LoRA, else copy).
-    disable_dropout: set every dropout probability to 0, so that log-probabilities are
-        a deterministic function of the weights (the ratio is exactly 1 on-policy).
-    logprob_batch_size: rows per forward when scoring; 0 scores the whole batch at once.
-    fast_sampling: sample through a lean decoding loop for Llama-layout models (llama,
-        mistral, qwen2), checked against the model's forward on first use; other models,
-        or false here, sample through the transformers forward with its KV cache.
-    """
+    """How to load and wrap the model."""
 
     path: str = ""
+    """Directory of a transformers causal LM (save_pretrained); loaded with local files only."""
     dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
     lora_r: int = 0
+    """0 trains all weights; > 0 adds a LoRA adapter (peft) of this rank and trains only it."""
     lora_alpha: float = 16.0
+    """LoRA scaling alpha."""
     lora_dropout: float = 0.0
+    """Dropout on the LoRA branch, in [0, 1)."""
     lora_target: str = "all-linear"
+    """Modules the adapter wraps: "all-linear" or a comma-separated list of names (q_proj,v_proj)."""
     reference: str = "auto"
+    """Where reference log-probabilities come from: "copy" (a frozen copy of the starting
+    weights), "adapter_disabled" (the base weights, LoRA switched off; needs lora_r > 0),
+    "none", or "auto" (adapter_disabled with LoRA, else copy)."""
     disable_dropout: bool = True
+    """Set every dropout probability to 0, so that log-probabilities are a deterministic
+    function of the weights (the ratio is exactly 1 on-policy)."""
     logprob_batch_size: int = 0
+    """Rows per forward when scoring; 0 scores the whole batch at once."""
     fast_sampling: bool = True
+    """Sample through a lean decoding loop for Llama-layout models (llama, mistral, qwen2),
+    checked against the model's forward on first use; other models, or false here, sample
+    through the transformers forward with its KV cache."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

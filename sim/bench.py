@@ -178,27 +178,21 @@ def best_gym_rate(rows: list[Row], task: str) -> float:
     return max(vals) if vals else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="sim2real bench sim", description=__doc__)
-    p.add_argument("--tasks", nargs="+", default=["halfcheetah", "quadruped"])
-    p.add_argument("--envs", nargs="+", type=int, default=[1, 16, 64, 256, 1024])
-    p.add_argument("--seconds", type=float, default=2.0, help="timing window per measurement")
-    p.add_argument(
-        "--async-max-envs", type=int, default=16, help="AsyncVectorEnv runs one process per env"
-    )
-    p.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
-    a = p.parse_args(argv)
+def report(
+    tasks: list[str],
+    envs: list[int],
+    seconds: float = 2.0,
+    async_max_envs: int = 16,
+    json_out: str | None = None,
+) -> int:
+    """Measure and print the table (``sim2real bench sim``); optionally write the rows."""
     print(
         f"machine: {os.cpu_count()} CPUs visible, {default_threads()} usable; mujoco {mujoco.__version__}"
     )
     print(HEADER)
-    rows = run(
-        a.tasks, a.envs, a.seconds, a.async_max_envs, progress=lambda s: print(s, flush=True)
-    )
+    rows = run(tasks, envs, seconds, async_max_envs, progress=lambda s: print(s, flush=True))
     print("\nsummary\n" + HEADER)
-    for task in a.tasks:
+    for task in tasks:
         best = best_gym_rate(rows, task)
         for r in rows:
             if r.task == task:
@@ -206,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "x best gym: ours divided by the fastest Gymnasium vector env of the task at any env count"
     )
-    if a.json:
-        with open(a.json, "w") as f:
+    if json_out:
+        with open(json_out, "w") as f:
             json.dump([asdict(r) | {"frac_of_limit": r.frac_of_limit} for r in rows], f, indent=1)
     return 0

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from training.cli import main
-from training.runner import PPORunner, build_config
+from training.runner import OnPolicyRunner
+from training.train_configs import build_ppo_config
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
@@ -32,7 +33,7 @@ def exported(tmp_path_factory, one_torch_thread):
     """(run dir, policy.onnx) of a tiny cartpole run exported through the CLI."""
     root = tmp_path_factory.mktemp("cli-export")
     run = root / "run"
-    PPORunner(build_config("cartpole", QUIET + ["run.total_steps=1024"]), run).train()
+    OnPolicyRunner(build_ppo_config("cartpole", QUIET + ["run.total_steps=1024"]), run).train()
     assert main(["export", str(run), "--out", str(root / "policy.onnx")]) == 0
     return run, root / "policy.onnx"
 

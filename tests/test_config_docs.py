@@ -206,11 +206,6 @@ def test_grpo_config_documented():
     assert all(field_docs(GRPOTrainConfig).values())  # the section fields too
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LanguageModelConfig (policies/language_model.py) still documents its fields in "
-    "the class docstring; drop this marker once it has attribute docstrings",
-)
 def test_grpo_model_section_documented():
     assert undocumented_fields(GRPOTrainConfig()) == []
 

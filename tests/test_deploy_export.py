@@ -18,9 +18,7 @@ from deploy import export as export_mod
 from deploy.export import (
     PARITY_KEY,
     ExportError,
-    export_checkpoint,
     export_policy,
-    metadata_from_checkpoint,
     read_parity,
     register_exporter,
     registered_families,
@@ -29,7 +27,10 @@ from deploy.metadata import PolicyMetadata, read_metadata
 from deploy.runtime import OnnxPolicy
 from policies.gaussian import ActorCritic, ActorCriticConfig
 from training.checkpoint import find_checkpoint, load_checkpoint
-from training.runner import PPORunner, build_config
+from training.export import export_run
+from training.metadata import metadata_from_checkpoint
+from training.runner import OnPolicyRunner
+from training.train_configs import build_ppo_config
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
@@ -48,8 +49,8 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory, one_torch_thread):
     run = tmp_path_factory.mktemp("export") / "cartpole"
-    cfg = build_config("cartpole", QUIET + ["run.total_steps=2048", "run.seed=3"])
-    PPORunner(cfg, run).train()
+    cfg = build_ppo_config("cartpole", QUIET + ["run.total_steps=2048", "run.seed=3"])
+    OnPolicyRunner(cfg, run).train()
     return run
 
 
@@ -176,7 +177,7 @@ def test_exported_file_runs_without_torch(tmp_path):
 
 # ---------------------------------------------------------------------- metadata
 def test_checkpoint_export_metadata_and_checker(cartpole_run):
-    path = export_checkpoint(cartpole_run)
+    path = export_run(cartpole_run)
     assert path == cartpole_run / "policy.onnx"
     ck = load_checkpoint(find_checkpoint(cartpole_run))
     robot = ck["robot"]
@@ -246,14 +247,14 @@ def test_position_control_metadata_uses_joint_ranges():
 
 def test_recurrent_checkpoint_export(tmp_path):
     run = tmp_path / "gru"
-    cfg = build_config(
+    cfg = build_ppo_config(
         "cartpole",
         QUIET
         + ["run.total_steps=256", "env.num_envs=4", "ppo.num_steps=16"]
         + ["policy.rnn_type=gru", "policy.rnn_hidden=16", "policy.rnn_layers=2"],
     )
-    PPORunner(cfg, run).train()
-    path = export_checkpoint(run / "checkpoints" / "latest.pt")
+    OnPolicyRunner(cfg, run).train()
+    path = export_run(run / "checkpoints" / "latest.pt")
     assert path == run / "policy.onnx"
     meta = read_metadata(path)
     assert meta.policy_family == "recurrent"

@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from deploy.export import export_checkpoint
 from deploy.metadata import read_metadata
 from deploy.runtime import OnnxPolicy
 from deploy.safety import DEFAULT_MAX_TARGET_SPEED, DEFAULT_RAMP_IN_S
 from deploy.sim2sim import Sim2SimActor, Sim2SimError, evaluate_onnx, make_env_for
-from training.artifacts import evaluate_checkpoint, evaluate_source, load_policy_from_checkpoint
-from training.evaluate import evaluate
-from training.runner import PPORunner, build_config
+from sim.evaluation import evaluate
+from training.artifacts import evaluate_source
+from training.export import export_run
+from training.policy_kinds import load_policy
+from training.runner import OnPolicyRunner
+from training.train_configs import build_ppo_config
 
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
 
@@ -28,8 +30,8 @@ def one_torch_thread():
 
 def _train(root, name, task, overrides):
     run = root / name
-    PPORunner(build_config(task, QUIET + overrides), run).train()
-    return run, export_checkpoint(run)
+    OnPolicyRunner(build_ppo_config(task, QUIET + overrides), run).train()
+    return run, export_run(run)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def _close(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("seed", [0, 7])
 def test_cartpole_closed_loop_matches_checkpoint(cartpole, seed):
     run, onnx_path = cartpole
-    want = evaluate_checkpoint(run, None, episodes=6, seed=seed)
+    want = evaluate_source(run, episodes=6, seed=seed)
     counters: dict[str, int] = {}
     got = evaluate_onnx(onnx_path, episodes=6, seed=seed, counters=counters)
     assert want["length_mean"] > 30  # episodes long enough to tell policies apart
@@ -89,7 +91,7 @@ def test_quadruped_closed_loop_with_randomization_matches_checkpoint(quadruped):
     meta = read_metadata(onnx_path)
     assert meta.extra["max_episode_steps"] == "150"
     for randomize in (False, True):
-        want = evaluate_checkpoint(run, None, episodes=3, seed=2, randomize=randomize)
+        want = evaluate_source(run, episodes=3, seed=2, randomize=randomize)
         got = evaluate_onnx(onnx_path, episodes=3, seed=2, randomize=randomize)
         assert got["randomize"] is randomize
         assert "lin_vel_error_mean" in got
@@ -122,7 +124,7 @@ def test_recurrent_closed_loop_matches_torch(tmp_path):
         ["run.total_steps=512", "env.num_envs=8", "ppo.num_steps=16"]
         + ["policy.rnn_type=lstm", "policy.rnn_hidden=16"],
     )
-    policy, cfg, _ = load_policy_from_checkpoint(run)
+    policy = load_policy(run).policy
     module = policy.inference_module()
 
     class TorchRecurrent:  # the reference: torch, state zeroed at episode starts

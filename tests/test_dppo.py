@@ -155,36 +155,12 @@ def test_update_uses_stored_log_probs_and_ratios_start_at_one():
 
 def _make_bc_run(tmp_path, task: str = "hopper"):
     """A tiny pretrained diffusion run on `task` from two short random demonstrations."""
-    from sim.registry import make
-    from training.demos import DemoDataset, Episode, save_demos
-    from training.dppo_runner import BCRunner, build_bc_config
+    from demo_support import random_demos
 
-    env = make(task, 1)
-    group = env.observation_spec.policy
-    terms = [(t.name, t.size) for t in group.terms]
-    n_obs, n_act = group.frame_size, len(env.action_spec.joint_names)
-    rng = np.random.default_rng(0)
-    eps = [
-        Episode(
-            rng.standard_normal((n, n_obs)).astype(np.float32),
-            rng.standard_normal((n, n_obs)).astype(np.float32),
-            rng.uniform(-1, 1, (n, n_act)).astype(np.float32),
-            np.ones(n, np.float32),
-            True,
-        )
-        for n in (12, 9)
-    ]
-    data = DemoDataset(
-        task,
-        terms,
-        list(env.action_spec.joint_names),
-        np.asarray(env.action_spec.low, np.float64),
-        np.asarray(env.action_spec.high, np.float64),
-        float(env.dt),
-        eps,
-    )
-    env.close()
-    demos = save_demos(tmp_path / "demos.hdf5", data)
+    from training.bc_runner import BCRunner
+    from training.train_configs import build_bc_config
+
+    demos = random_demos(tmp_path / "demos.hdf5", task)
     cfg = build_bc_config(
         task,
         str(demos),
@@ -202,20 +178,18 @@ def _make_bc_run(tmp_path, task: str = "hopper"):
             "env.max_episode_steps=30",
         ],
     )
-    out = BCRunner(cfg, tmp_path / "bc").train()
-    assert out["updates"] == 20 and np.isfinite(out["eval"]["return_mean"])
+    runner = BCRunner(cfg, tmp_path / "bc")
+    out = runner.train()
+    assert out["updates"] == 20 and np.isfinite(runner.evaluate()["return_mean"])
+    runner.close()
     return tmp_path / "bc"
 
 
 def test_dppo_runner_exact_resume_and_export(tmp_path):
     from deploy.sim2sim import evaluate_onnx
-    from training.dppo_runner import (
-        DPPORunner,
-        build_dppo_config,
-        evaluate_diffusion,
-        export_diffusion,
-        load_diffusion_checkpoint,
-    )
+    from training.export import export_run
+    from training.policy_kinds import dppo_config_from, load_policy
+    from training.runner import OnPolicyRunner
 
     bc = _make_bc_run(tmp_path)
     over = QUIET + [
@@ -227,16 +201,16 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
         "run.eval_episodes=2",
         "run.checkpoint_every=1",
     ]
-    straight = DPPORunner(
-        build_dppo_config("hopper", str(bc), over + ["run.total_steps=48"]), tmp_path / "a"
+    straight = OnPolicyRunner(
+        dppo_config_from(bc, "hopper", over + ["run.total_steps=48"]), tmp_path / "a"
     )
     straight.train()
-    first = DPPORunner(
-        build_dppo_config("hopper", str(bc), over + ["run.total_steps=32"]), tmp_path / "b"
+    first = OnPolicyRunner(
+        dppo_config_from(bc, "hopper", over + ["run.total_steps=32"]), tmp_path / "b"
     )
     first.train()
-    cfg = build_dppo_config("hopper", str(bc), over + ["run.total_steps=48"])
-    resumed = DPPORunner(cfg, tmp_path / "b", resume=tmp_path / "b")
+    cfg = dppo_config_from(bc, "hopper", over + ["run.total_steps=48"])
+    resumed = OnPolicyRunner(cfg, tmp_path / "b", resume=tmp_path / "b")
     resumed.train()
     for (k, v), (_, w) in zip(
         straight.policy.state_dict().items(), resumed.policy.state_dict().items()
@@ -244,15 +218,14 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
         torch.testing.assert_close(v, w, rtol=0, atol=0, msg=k)
 
     # export: the same metadata contract, deterministic mode, sim2sim runs the file
-    onnx_path = export_diffusion(tmp_path / "a")
+    onnx_path = export_run(tmp_path / "a")
     from deploy.metadata import read_metadata
 
     meta = read_metadata(onnx_path)
     assert meta.policy_family == "diffusion" and meta.noise_shape == [4, 3]
     assert [n for n, _ in meta.recurrent_state] == ["action_chunk", "chunk_step"]
     assert meta.task == "hopper" and meta.run_id == "a"
-    policy, dcfg, _ = load_diffusion_checkpoint(tmp_path / "a")
-    torch_stats = evaluate_diffusion(policy, dcfg, episodes=2, seed=5)
+    torch_stats = load_policy(tmp_path / "a").evaluate(episodes=2, seed=5)
     onnx_stats = evaluate_onnx(onnx_path, episodes=2, seed=5, safety=False, zero_noise=True)
     assert onnx_stats["return_mean"] == pytest.approx(
         torch_stats["return_mean"], rel=1e-3, abs=1e-2
@@ -267,7 +240,7 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
 
 def test_dppo_config_errors(tmp_path):
     from training.config import ConfigError
-    from training.dppo_runner import build_dppo_config
+    from training.policy_kinds import dppo_config_from
 
     with pytest.raises(ValueError, match="clip_base"):
         DPPOConfig(clip=0.01, clip_base=0.1)
@@ -277,22 +250,22 @@ def test_dppo_config_errors(tmp_path):
         DPPO(_policy(steps=3), DPPOConfig(ft_steps=4), num_envs=1, obs_sizes={"policy": OBS})
     bc = _make_bc_run(tmp_path)
     with pytest.raises(ConfigError, match="pretrained networks"):
-        build_dppo_config("hopper", str(bc), ["policy.hidden=8,8"])
+        dppo_config_from(bc, "hopper", ["policy.hidden=8,8"])
 
 
 def test_dppo_task_preset_sits_between_defaults_and_overrides(tmp_path):
-    from training.dppo_runner import build_dppo_config
+    from training.policy_kinds import dppo_config_from
     from training.presets import DPPO_PRESETS
 
     default = DPPOConfig()
-    hopper = build_dppo_config("hopper", str(_make_bc_run(tmp_path / "h")))
+    hopper = dppo_config_from(_make_bc_run(tmp_path / "h"), "hopper")
     assert (hopper.dppo.clip, hopper.dppo.clip_base) == (default.clip, default.clip_base)
     bc = str(_make_bc_run(tmp_path / "c", "halfcheetah"))
-    cheetah = build_dppo_config(None, bc)
+    cheetah = dppo_config_from(bc)
     preset = DPPO_PRESETS["halfcheetah"]
     assert cheetah.dppo.clip == preset["dppo.clip"] != default.clip
     assert cheetah.dppo.clip_base == preset["dppo.clip_base"] != default.clip_base
-    mine = build_dppo_config("halfcheetah", bc, ["dppo.clip=0.05"])
+    mine = dppo_config_from(bc, "halfcheetah", ["dppo.clip=0.05"])
     assert (mine.dppo.clip, mine.dppo.clip_base) == (0.05, preset["dppo.clip_base"])
 
 
@@ -327,7 +300,7 @@ def test_dppo_benchmark_reruns_a_cached_result_made_with_other_settings(tmp_path
 def test_collect_from_a_diffusion_run_and_its_onnx(tmp_path):
     from training.cli import main
     from training.demos import load_demos
-    from training.dppo_runner import export_diffusion
+    from training.export import export_run
 
     bc = _make_bc_run(tmp_path)
     out = tmp_path / "d.hdf5"
@@ -336,7 +309,7 @@ def test_collect_from_a_diffusion_run_and_its_onnx(tmp_path):
     data = load_demos(out, task="hopper")
     assert len(data.episodes) == 3 and data.info["action_noise"] == pytest.approx(0.2)
     assert all(len(e) <= 30 for e in data.episodes)
-    onnx_path = export_diffusion(bc)
+    onnx_path = export_run(bc)
     out2 = tmp_path / "o.hdf5"
     assert main(["collect", str(onnx_path), "--episodes", "2", "--out", str(out2)]) == 0
     assert len(load_demos(out2).episodes) == 2

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from training.checkpoint import load_checkpoint  # noqa: E402
+from training.cli import main as sim2real  # noqa: E402
 from training.config import ConfigError, apply_overrides  # noqa: E402
 from training.core import get_loss_config  # noqa: E402
 from training.grpo import (  # noqa: E402
@@ -23,7 +24,6 @@ from training.grpo import (  # noqa: E402
     load_prompts,
     loss_config,
 )
-from training.grpo.cli import main as cli_main  # noqa: E402
 from training.grpo.tiny import addition_rows, build_tiny_model, write_jsonl  # noqa: E402
 from training.metrics import read_metrics  # noqa: E402
 from training.rewards import RewardError, exact_match  # noqa: E402
@@ -133,8 +133,10 @@ def test_prompts_file_numbers_as_answers_and_missing_file(tmp_path):
 def test_cli_bad_prompts_file_is_an_error_not_a_run(tmp_path, model_dir, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n')
-    rc = cli_main(
+    rc = sim2real(
         [
+            "train",
+            "grpo",
             "--model",
             str(model_dir),
             "--data",
@@ -413,16 +415,16 @@ def test_cli_train_then_resume(tmp_path, model_dir, data_file, capsys):
         "run.progress=false",
         "run.tensorboard=false",
     ]
-    assert cli_main(args) == 0
+    assert sim2real(["train", "grpo", *args]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 2
-    assert cli_main(["--resume", str(run), "--steps", "3"]) == 0
+    assert sim2real(["train", "grpo", "--resume", str(run), "--steps", "3"]) == 0
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["run"]["seed"] == 3 and cfg["run"]["steps"] == 3
-    with pytest.raises(SystemExit):
-        cli_main(["--data", str(data_file)])  # no --model
+    assert sim2real(["train", "grpo", "--data", str(data_file)]) == 2  # no --model
+    assert "--model is required" in capsys.readouterr().err
 
 
 def test_trainer_refuses_kl_without_reference(model_dir, data_file):

@@ -11,26 +11,28 @@ import sys
 import pytest
 import torch
 
-from training.artifacts import evaluate_checkpoint
+from training.artifacts import evaluate_source
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.cli import main as cli_main
 from training.config import ConfigError
+from training.policy_kinds import make_env
 from training.presets import PPO_PRESETS
-from training.runner import PPORunner, build_config, make_env, parameters_vector
+from training.runner import OnPolicyRunner, parameters_vector
+from training.train_configs import build_ppo_config
 
 QUIET = ["run.progress=false", "run.video=false", "run.tensorboard=false"]
 
 
 def _train(tmp_path, name, task, overrides, resume=None):
-    cfg = build_config(task, QUIET + overrides)
-    runner = PPORunner(cfg, tmp_path / name, resume=resume)
+    cfg = build_ppo_config(task, QUIET + overrides)
+    runner = OnPolicyRunner(cfg, tmp_path / name, resume=resume)
     runner.train()
     return runner
 
 
 def test_ppo_solves_cartpole(tmp_path):
     runner = _train(tmp_path, "run", "cartpole", ["run.total_steps=60000", "run.seed=1"])
-    stats = evaluate_checkpoint(tmp_path / "run", None, episodes=8, seed=3)
+    stats = evaluate_source(tmp_path / "run", episodes=8, seed=3)
     # InvertedPendulum-v5's maximum: 1000 steps of reward 1
     assert stats["return_mean"] == pytest.approx(1000.0), stats
     assert runner.env_steps >= 60000
@@ -84,14 +86,14 @@ def test_exact_resume(tmp_path, task, extra):
 
 def test_resume_other_architecture_or_task_is_refused(tmp_path):
     _train(tmp_path, "run", "cartpole", ["env.num_envs=4", "ppo.num_steps=8", "run.total_steps=32"])
-    cfg = build_config(
+    cfg = build_ppo_config(
         "cartpole", QUIET + ["env.num_envs=4", "ppo.num_steps=8", "policy.actor_hidden=16,16"]
     )
     with pytest.raises(CheckpointError, match="policy"):
-        PPORunner(cfg, tmp_path / "other", resume=tmp_path / "run")
-    cfg = build_config("hopper", QUIET + ["env.num_envs=4", "ppo.num_steps=8"])
+        OnPolicyRunner(cfg, tmp_path / "other", resume=tmp_path / "run")
+    cfg = build_ppo_config("hopper", QUIET + ["env.num_envs=4", "ppo.num_steps=8"])
     with pytest.raises(CheckpointError, match="task"):
-        PPORunner(cfg, tmp_path / "other2", resume=tmp_path / "run")
+        OnPolicyRunner(cfg, tmp_path / "other2", resume=tmp_path / "run")
     rc = cli_main(["eval", str(tmp_path / "run"), "--task", "hopper", "--episodes", "1"])
     assert rc == 2
 
@@ -139,18 +141,18 @@ def test_bad_configs_give_clear_errors(tmp_path, capsys, args, message):
 
 
 def test_config_overrides_parse_types():
-    cfg = build_config(
+    cfg = build_ppo_config(
         "cartpole", ["policy.actor_hidden=8,8", "env.max_episode_steps=none", "run.video=false"]
     )
     assert cfg.policy.actor_hidden == (8, 8)
     assert cfg.env.max_episode_steps is None
     assert cfg.run.video is False
     with pytest.raises(ConfigError):
-        build_config("cartpole", ["run.video=maybe"])
+        build_ppo_config("cartpole", ["run.video=maybe"])
 
 
 def test_task_args_reach_the_environment():
-    cfg = build_config(
+    cfg = build_ppo_config(
         "quadruped", ['env.task_args={"fixed_command": [0.5, 0, 0], "command_resample_s": 4}']
     )
     env = make_env(cfg, num_envs=2)
@@ -194,7 +196,7 @@ def test_recurrent_checkpoint_evaluates(tmp_path):
             "policy.rnn_hidden=8",
         ],
     )
-    stats = evaluate_checkpoint(tmp_path / "lstm", None, episodes=3)
+    stats = evaluate_source(tmp_path / "lstm", episodes=3)
     assert stats["completed"] == 3 and stats["length_mean"] >= 1
 
 
@@ -210,23 +212,23 @@ def test_linear_schedule_length_follows_the_step_budget(tmp_path):
     extra = ["env.num_envs=4", "ppo.num_steps=16", "ppo.schedule=linear", "ppo.lr=1e-3"]
     run = _train(tmp_path, "lin", "cartpole", extra + ["run.total_steps=320"])
     # 320 steps / 64 per update = 5 updates: the rate has decayed to lr_final = 0 at the end
-    assert run.ppo.cfg.total_updates == 5
-    assert run.ppo.learning_rate == pytest.approx(0.0)
+    assert run.alg.cfg.total_updates == 5
+    assert run.alg.learning_rate == pytest.approx(0.0)
     lrs = [json.loads(x)["ppo/lr"] for x in (tmp_path / "lin" / "metrics.jsonl").open()]
     assert lrs == pytest.approx([8e-4, 6e-4, 4e-4, 2e-4, 0.0])
     # a resume with twice the budget stretches the schedule: halfway through, half the rate
     resumed = _train(
         tmp_path, "lin", "cartpole", extra + ["run.total_steps=640"], resume=tmp_path / "lin"
     )
-    assert resumed.ppo.cfg.total_updates == 10
-    assert resumed.ppo.learning_rate == pytest.approx(0.0)
+    assert resumed.alg.cfg.total_updates == 10
+    assert resumed.alg.learning_rate == pytest.approx(0.0)
     lrs = [json.loads(x)["ppo/lr"] for x in (tmp_path / "lin" / "metrics.jsonl").open()]
     assert lrs[5:] == pytest.approx([4e-4, 3e-4, 2e-4, 1e-4, 0.0])
 
 
 @pytest.mark.parametrize("task", sorted(PPO_PRESETS))
 def test_every_preset_builds_a_valid_config(task):
-    cfg = build_config(task)
+    cfg = build_ppo_config(task)
     per_update = cfg.env.num_envs * cfg.ppo.num_steps
     # a minibatch must hold at least one sample, and the budget at least one update
     assert per_update >= cfg.ppo.num_minibatches
@@ -289,12 +291,12 @@ def test_sb3_comparison_reads_our_return_over_the_last_20_episodes(tmp_path):
     import numpy as np
 
     bench = _sb3_benchmark()
-    cfg = build_config(
+    cfg = build_ppo_config(
         "cartpole",
         ["run.total_steps=3072", "run.video=false", "run.progress=false", "run.tensorboard=false"],
     )
-    runner = PPORunner(cfg, tmp_path / "run")
-    runner.recent_returns = log = bench._EpisodeLog(runner, time.perf_counter())
+    runner = OnPolicyRunner(cfg, tmp_path / "run")
+    runner.logger.recent_returns = log = bench._EpisodeLog(runner, time.perf_counter())
     summary = runner.train()
     assert len(log.returns) > 100 and len(log.points) > 1
     steps = [s for _, s, _ in log.points]

@@ -1,20 +1,269 @@
-"""The `sim2real` command line: one entry point, one subcommand per job."""
+"""The `sim2real` command line: every subcommand is declared here.
+
+    sim2real tasks | train {ppo,dppo,bc,grpo} | eval | export | collect | bench sim | demo
+
+``sim2real train <algo> --help`` lists every config field of that learner (name, type,
+default with the task's preset applied, one line of help), read from the field docs
+where the configs are declared (training.config_docs).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # MuJoCo picks its OpenGL backend when it is first imported: without a display the
 # run's video needs EGL (offscreen), which a user should not have to know to ask for
 if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
+STOPPED = 130
+"""Exit status of a run stopped by Ctrl-C / SIGTERM (saved, resumable): the shell's."""
 
-def _cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:
+TRAIN_ALGOS: dict[str, str] = {
+    "ppo": "PPO on a Gaussian actor-critic (any task; the task's preset applies)",
+    "bc": "pretrain a diffusion policy on demonstrations (sim2real collect)",
+    "dppo": "fine-tune a pretrained diffusion policy with DPPO (--init a bc run)",
+    "grpo": "GRPO-family fine-tuning of a language model on verifiable rewards",
+}
+# the checkpoint kind a train command's runs write, for --resume
+_KIND = {"ppo": "ppo", "bc": "diffusion_bc", "dppo": "dppo", "grpo": "grpo"}
+
+
+def _count(text: str) -> int:
+    """A whole number, also written as 5e6 or 1_000_000."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer() or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(value)
+
+
+def default_run_dir(task: str, algo: str) -> Path:
+    return Path("runs") / f"{algo}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# ---------------------------------------------------------------------- train
+def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"sim2real train {algo}",
+        description=TRAIN_ALGOS[algo]
+        + ". Any config field below can be set as section.field=value.",
+        epilog=config_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if algo == "grpo":
+        p.add_argument("--model", help="directory of a transformers causal LM (save_pretrained)")
+        p.add_argument("--data", help="prompts file: JSON lines with 'prompt' and 'answer'")
+        p.add_argument("--steps", type=_count, help="total training steps (run.steps)")
+    else:
+        p.add_argument("--task", default=None, help="task (see `sim2real tasks`)")
+        if algo == "bc":
+            p.add_argument("--data", default=None, help="demonstration file (sim2real collect)")
+            p.add_argument("--steps", type=_count, help="gradient updates (bc.num_updates)")
+        else:
+            p.add_argument(
+                "--steps", type=_count, help="env steps, all processes (run.total_steps)"
+            )
+        if algo == "dppo":
+            p.add_argument("--init", default=None, help="pretrained diffusion run (train bc)")
+        p.add_argument("--device", default=None, help="cpu or cuda[:i] (run.device)")
+        p.add_argument(
+            "--no-artifacts", action="store_true", help="skip the final eval, plot and video"
+        )
+        p.add_argument("--export", action="store_true", help="export policy.onnx when done")
+    p.add_argument("--seed", type=int, default=None, help="random seed (run.seed)")
+    p.add_argument(
+        "--run-dir", default=None, help="run directory (default runs/<algo>-<task>-<time>)"
+    )
+    p.add_argument("--resume", default=None, help="run directory or checkpoint to continue")
+    p.add_argument("overrides", nargs="*", help="section.field=value config overrides")
+    return p
+
+
+def _config_for_help(algo: str, argv: list[str]) -> Any:
+    """The config `--help` describes: the task's preset applied when --task is given."""
+    from training import train_configs as tc
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--task", default=None)
+    known, _ = pre.parse_known_args(argv)
+    task = known.task or "cartpole"
+    if algo == "ppo":
+        return tc.build_ppo_config(task)
+    if algo == "bc":
+        return tc.build_bc_config(task, "")
+    if algo == "dppo":
+        return tc.DPPOTrainConfig(env=tc.EnvConfig(task=task, num_envs=16, randomize=False))
+    from training.grpo.config import GRPOTrainConfig
+
+    return GRPOTrainConfig()
+
+
+def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> tuple[Any, Path]:
+    """The config and run directory of `--resume`, refusing a run of another kind."""
+    from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+    from training.config import apply_overrides
+
+    ck_path = find_checkpoint(a.resume)
+    ck = load_checkpoint(ck_path)
+    if ck.get("kind") != _KIND[algo]:
+        raise CheckpointError(
+            f"{a.resume} is a {ck.get('kind')!r} checkpoint, not a {algo} run; resume it with "
+            f"the command that made it"
+        )
+    if algo == "grpo":
+        from training.config import ConfigError, from_dict
+        from training.grpo.config import GRPOTrainConfig
+
+        try:
+            cfg = from_dict(GRPOTrainConfig, ck["config"])
+        except (TypeError, KeyError, ValueError) as e:
+            raise ConfigError(f"the checkpoint's config does not fit this version: {e}") from e
+    else:
+        from training.policy_kinds import config_from_checkpoint
+
+        cfg = config_from_checkpoint(ck)
+        task = getattr(a, "task", None)
+        if task and task != cfg.env.task:
+            raise CheckpointError(f"{ck_path} was trained on task {cfg.env.task!r}, not {task!r}")
+    return apply_overrides(cfg, overrides), Path(a.run_dir) if a.run_dir else ck_path.parent.parent
+
+
+def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
+    steps_key = {"ppo": "run.total_steps", "dppo": "run.total_steps", "bc": "bc.num_updates"}
+    flags = [
+        (a.seed, "run.seed"),
+        (getattr(a, "device", None), "run.device"),
+        (a.steps, steps_key.get(algo, "run.steps")),
+    ]
+    if algo == "grpo":
+        flags += [(a.model, "model.path"), (a.data, "data")]
+    return list(a.overrides) + [f"{key}={value}" for value, key in flags if value is not None]
+
+
+def _new_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> tuple[Any, Path]:
+    from training.config import ConfigError
+    from training.train_configs import build_bc_config, build_ppo_config
+
+    if algo == "ppo":
+        cfg = build_ppo_config(a.task or "cartpole", overrides)
+    elif algo == "bc":
+        if not a.data:
+            raise ConfigError("sim2real train bc needs --data <demonstrations.hdf5>")
+        from training.demos import load_demos
+
+        cfg = build_bc_config(a.task or load_demos(a.data).task, a.data, overrides)
+    else:
+        if not a.init:
+            raise ConfigError("sim2real train dppo needs --init <pretrained diffusion run>")
+        from training.policy_kinds import dppo_config_from
+
+        cfg = dppo_config_from(a.init, a.task, overrides)
+    return cfg, Path(a.run_dir) if a.run_dir else default_run_dir(cfg.env.task, algo)
+
+
+def _train_sim(algo: str, a: argparse.Namespace) -> int:
+    """ppo, dppo, bc: train, then the run's artifacts and (--export) its ONNX file."""
+    from training.artifacts import finish_run
+
+    overrides = _flag_overrides(algo, a)
+    cfg, run_dir = (
+        _resumed_config(algo, a, overrides) if a.resume else _new_config(algo, a, overrides)
+    )
+    if algo == "bc":
+        from training.bc_runner import BCRunner
+
+        runner: Any = BCRunner(cfg, run_dir, resume=a.resume)
+    else:
+        from training.runner import OnPolicyRunner
+
+        runner = OnPolicyRunner(cfg, run_dir, resume=a.resume)
+    try:
+        summary = runner.train()
+        main = getattr(runner, "is_main", True)
+        if main:
+            if algo == "bc":
+                done = f"{summary['updates']:,} updates"
+            else:
+                done = (
+                    f"{summary['env_steps']:,} env steps; training return {summary['return']:.2f} "
+                    f"(stochastic policy, mean of the last 100 episodes)"
+                )
+            print(f"{algo}: trained {done}; run dir {run_dir}")
+        if summary["stopped_early"]:
+            print(f"stopped; resume with: sim2real train {algo} --resume {run_dir}")
+            return STOPPED
+        if main and not a.no_artifacts:
+            finish_run(runner, summary)
+        if main and a.export:
+            from training.export import export_run
+
+            print(f"exported: {export_run(run_dir)}")
+    finally:
+        runner.close()
+    return 0
+
+
+def _train_grpo(a: argparse.Namespace) -> int:
+    from training.config import ConfigError
+    from training.grpo.config import GRPOTrainConfig
+    from training.grpo.trainer import GRPOTrainer
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    overrides = _flag_overrides("grpo", a)
+    if a.resume:
+        cfg, run_dir = _resumed_config("grpo", a, overrides)
+    else:
+        from training.config import apply_overrides
+
+        cfg = apply_overrides(GRPOTrainConfig(), overrides)
+        run_dir = (
+            Path(a.run_dir) if a.run_dir else Path("runs") / time.strftime("grpo-%Y%m%d-%H%M%S")
+        )
+    if not cfg.model.path:
+        raise ConfigError("--model is required (a directory saved with save_pretrained)")
+    if not cfg.data:
+        raise ConfigError("--data is required (a JSON-lines prompts file)")
+    from training.rewards import RewardError
+
+    try:
+        result = GRPOTrainer(cfg, run_dir=run_dir, resume=a.resume).train()
+    except RewardError as e:  # a reward function that failed on too many samples
+        print(f"sim2real train: error: {e}", file=sys.stderr)
+        return 2
+    summary = {k: v for k, v in result.items() if k != "history"}
+    last = result["history"][-1] if result["history"] else {}
+    summary["reward/mean"] = last.get("reward/mean")
+    summary["run_dir"] = str(run_dir)
+    print(json.dumps(summary, indent=2))
+    return STOPPED if result["stopped_early"] else 0
+
+
+def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
+    algo = args.algo
+    config_help = None
+    if "-h" in rest or "--help" in rest:
+        from training.config_docs import format_config_help
+
+        config_help = "config fields:\n\n" + format_config_help(_config_for_help(algo, rest))
+    a = _train_parser(algo, config_help).parse_args(rest)
+    if algo == "grpo":
+        return _train_grpo(a)
+    return _train_sim(algo, a)
+
+
+# ---------------------------------------------------------------------- other commands
+def cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:
     from sim.registry import make, task_names
 
     rows = []
@@ -30,111 +279,10 @@ def _cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
-    from sim.bench import main as bench_main
-
-    return bench_main(rest)
-
-
-def _default_run_dir(task: str, algo: str) -> Path:
-    import time
-
-    return Path("runs") / f"{algo}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def train_ppo(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="sim2real train ppo",
-        description="Train a PPO policy. Any config field can be set as section.field=value "
-        "(sections: env, policy, ppo, run), e.g. ppo.lr=3e-4 policy.actor_hidden=64,64.",
-    )
-    p.add_argument(
-        "--task", default=None, help="task name (see `sim2real tasks`); default cartpole"
-    )
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--device", default=None, help="cpu or cuda[:i]")
-    p.add_argument("--steps", type=int, default=None, help="total env steps (all processes)")
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--resume", default=None, help="run directory or checkpoint to continue")
-    p.add_argument(
-        "--no-artifacts", action="store_true", help="skip the final eval, plot and video"
-    )
-    p.add_argument("overrides", nargs="*", help="section.field=value")
-    a = p.parse_args(argv)
-
-    from training.checkpoint import find_checkpoint, load_checkpoint
-    from training.config import apply_overrides
-    from training.runner import PPORunner, build_config, config_from_checkpoint
-
-    overrides = list(a.overrides)
-    for flag, key in ((a.seed, "run.seed"), (a.device, "run.device"), (a.steps, "run.total_steps")):
-        if flag is not None:
-            overrides.append(f"{key}={flag}")
-    if a.resume:
-        ck_path = find_checkpoint(a.resume)
-        cfg = config_from_checkpoint(load_checkpoint(ck_path))
-        if a.task and a.task != cfg.env.task:
-            from training.checkpoint import CheckpointError
-
-            raise CheckpointError(f"{ck_path} was trained on task {cfg.env.task!r}, not {a.task!r}")
-        cfg = apply_overrides(cfg, overrides)
-        run_dir = Path(a.run_dir) if a.run_dir else ck_path.parent.parent
-    else:
-        cfg = build_config(a.task or "cartpole", overrides)
-        run_dir = Path(a.run_dir) if a.run_dir else _default_run_dir(cfg.env.task, "ppo")
-    runner = PPORunner(cfg, run_dir, resume=a.resume)
-    summary = runner.train()
-    if runner.is_main:
-        print(
-            f"trained {summary['env_steps']:,} env steps, recent return {summary['return']:.2f}; run dir {run_dir}"
-        )
-        if not a.no_artifacts and not summary["stopped_early"]:
-            from training.artifacts import finish_run
-
-            finish_run(runner)
-    if summary["stopped_early"]:
-        print(f"stopped; resume with: sim2real train ppo --resume {run_dir}")
-    return 0
-
-
-def _cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
-    if args.algo == "ppo":
-        return train_ppo(rest)
-    if args.algo == "grpo":
-        from training.grpo.cli import main as grpo_main
-
-        return grpo_main(rest)
-    if args.algo == "bc":
-        from training.dppo_runner import train_bc_cli
-
-        return train_bc_cli(rest)
-    if args.algo == "dppo":
-        from training.dppo_runner import train_dppo_cli
-
-        return train_dppo_cli(rest)
-    raise SystemExit(f"unknown algorithm {args.algo!r}")
-
-
-def _cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="sim2real eval", description="Evaluate a run, checkpoint or policy.onnx."
-    )
-    p.add_argument("source", help="run directory, checkpoint file, or exported .onnx")
-    p.add_argument("--task", default=None, help="task (default: the one the policy was trained on)")
-    p.add_argument("--episodes", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--randomize", action="store_true", help="domain randomization, noise and latency on"
-    )
-    p.add_argument(
-        "--zero-noise",
-        action="store_true",
-        help="diffusion policies: zero noise (one fixed draw) instead of seeded sampling",
-    )
-    p.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
-    a = p.parse_args(rest)
+def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from training.artifacts import evaluate_source
 
+    a = args
     stats = evaluate_source(
         a.source,
         task=a.task,
@@ -148,32 +296,19 @@ def _cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     else:
         print(
             f"{stats['task']}: return {stats['return_mean']:.2f} ± {stats['return_std']:.2f}, "
-            f"length {stats['length_mean']:.1f} ± {stats['length_std']:.1f} over {stats['episodes']} episodes"
+            f"length {stats['length_mean']:.1f} ± {stats['length_std']:.1f} over "
+            f"{stats['episodes']} episodes (deterministic policy)"
         )
     return 0
 
 
-def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="sim2real export",
-        description="Export a run's policy to ONNX with its deployment metadata; the file "
-        "is checked against torch (parity) and loaded with the robot-side runtime.",
-    )
-    p.add_argument("source", help="run directory or checkpoint file")
-    p.add_argument("--out", default=None, help="output file (default: <run-dir>/policy.onnx)")
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
-    a = p.parse_args(rest)
-    from deploy.export import ExportError, export_checkpoint, read_parity
+def cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
+    from deploy.export import ExportError, read_parity
     from deploy.metadata import PolicyLoadError
-    from training.artifacts import DIFFUSION_KINDS, checkpoint_kind
+    from training.export import export_run
 
     try:
-        if checkpoint_kind(a.source) in DIFFUSION_KINDS:
-            from training.dppo_runner import export_diffusion
-
-            path = export_diffusion(a.source, a.out, opset=a.opset)
-        else:
-            path = export_checkpoint(a.source, a.out, opset=a.opset)
+        path = export_run(args.source, args.out, opset=args.opset)
         parity = read_parity(path)
     except (ExportError, PolicyLoadError) as e:
         print(f"sim2real export: error: {e}", file=sys.stderr)
@@ -184,47 +319,141 @@ def _cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-def _cmd_collect(args: argparse.Namespace, rest: list[str]) -> int:
-    from training.demos import main as collect_main
+def cmd_collect(args: argparse.Namespace, rest: list[str]) -> int:
+    from training.collect import collect_demos
+    from training.demos import save_demos
 
-    return collect_main(rest)
-
-
-def _cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
-    from training.artifacts import demo
-
-    return demo(rest)
-
-
-COMMANDS = {
-    "tasks": (_cmd_tasks, "list tasks with observation/action sizes and rates"),
-    "train": (
-        _cmd_train,
-        "train a policy: sim2real train ppo --task <task> [section.field=value ...]",
-    ),
-    "eval": (_cmd_eval, "evaluate a run directory, checkpoint or ONNX policy"),
-    "export": (_cmd_export, "export a run's policy to ONNX: sim2real export <run-dir> [--out f]"),
-    "bench": (_cmd_bench, "run a benchmark: sim2real bench sim"),
-    "demo": (_cmd_demo, "train, export and evaluate on the built-in default"),
-    "collect": (
-        _cmd_collect,
-        "record demonstrations: sim2real collect <checkpoint|policy.onnx> --task <task> "
-        "--episodes N [--noise S]",
-    ),
-}
+    a = args
+    data = collect_demos(
+        a.source, a.task, a.episodes, a.noise, a.seed, num_envs=a.num_envs, progress=True
+    )
+    out = a.out or f"demos/{data.task}_noise{a.noise:g}.hdf5"
+    path = save_demos(out, data)
+    s = data.summary()
+    print(
+        f"{path}: {s['episodes']} episodes, {s['transitions']} transitions, "
+        f"return {s['return_mean']:.1f} ± {s['return_std']:.1f}"
+    )
+    return 0
 
 
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from sim.bench import report
+
+    return report(args.tasks, args.envs, args.seconds, args.async_max_envs, args.json)
+
+
+def cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
+    """The README's main job: train PPO on the default task, export, evaluate the file."""
+    from training.artifacts import evaluate_source
+    from training.export import export_run
+
+    run_dir = args.run_dir or str(default_run_dir(args.task, "demo"))
+    rc = main(
+        ["train", "ppo", "--task", args.task, "--steps", str(args.steps), "--run-dir", run_dir]
+    )
+    if rc:
+        return rc
+    onnx_path = export_run(run_dir)
+    stats = evaluate_source(onnx_path, episodes=10)
+    print(
+        f"onnx: {onnx_path}; sim2sim return {stats['return_mean']:.2f} ± "
+        f"{stats['return_std']:.2f} (deterministic policy through the runtime and safety layer)"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- the parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sim2real", description="Train, export and deploy robot policies."
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="command")
-    for name, (_, help_) in COMMANDS.items():
-        s = sub.add_parser(name, help=help_, add_help=name == "tasks")
-        if name == "train":
-            s.add_argument("algo", choices=["ppo", "grpo", "bc", "dppo"])
-        elif name == "bench":
-            s.add_argument("what", choices=["sim"])
+
+    s = sub.add_parser("tasks", help="list tasks with observation/action sizes and rates")
+    s.set_defaults(handler=cmd_tasks)
+
+    s = sub.add_parser(
+        "train",
+        help="train a policy: sim2real train <algo> --task <task> [section.field=value ...]",
+        description="Train a policy. `sim2real train <algo> --help` lists its options and "
+        "every config field.",
+    )
+    algos = s.add_subparsers(dest="algo", required=True, metavar="algo")
+    for name, text in TRAIN_ALGOS.items():
+        # its own parser (built in cmd_train, with the config fields) handles the rest
+        algos.add_parser(name, help=text, add_help=False)
+    s.set_defaults(handler=cmd_train)
+
+    s = sub.add_parser("eval", help="evaluate a run directory, checkpoint or policy.onnx")
+    s.add_argument("source", help="run directory, checkpoint file, or exported .onnx")
+    s.add_argument("--task", default=None, help="task (default: the one the policy was trained on)")
+    s.add_argument("--episodes", type=_count, default=10)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument(
+        "--randomize", action="store_true", help="domain randomization, noise and latency on"
+    )
+    s.add_argument(
+        "--zero-noise",
+        action="store_true",
+        help="generative policies: zero noise (one fixed draw) instead of seeded sampling",
+    )
+    s.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
+    s.set_defaults(handler=cmd_eval)
+
+    s = sub.add_parser(
+        "export",
+        help="export a run's policy to ONNX: sim2real export <run-dir> [--out f]",
+        description="Export a run's policy to ONNX with its deployment metadata; the file is "
+        "checked against torch (parity) and loaded with the robot-side runtime.",
+    )
+    s.add_argument("source", help="run directory or checkpoint file")
+    s.add_argument("--out", default=None, help="output file (default: <run-dir>/policy.onnx)")
+    s.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    s.set_defaults(handler=cmd_export)
+
+    s = sub.add_parser(
+        "collect",
+        help="record demonstrations of a policy into HDF5 (robomimic layout)",
+        description="Record demonstrations of a policy (a checkpoint or run directory of any "
+        "kind, or an exported .onnx) into an HDF5 file laid out as robomimic does.",
+    )
+    s.add_argument("source", help="run directory, checkpoint file or policy.onnx")
+    s.add_argument("--task", default=None, help="task (default: the policy's own)")
+    s.add_argument("--episodes", type=_count, default=50)
+    s.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="Gaussian action noise std, as a fraction of the half action range",
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--num-envs", type=_count, default=16)
+    s.add_argument("--out", default=None, help="output .hdf5 (default demos/<task>_noise<S>.hdf5)")
+    s.set_defaults(handler=cmd_collect)
+
+    s = sub.add_parser("bench", help="run a benchmark: sim2real bench sim")
+    benches = s.add_subparsers(dest="what", required=True, metavar="what")
+    b = benches.add_parser(
+        "sim",
+        help="env steps/s of the batched simulator vs Gymnasium's vector envs",
+        description="Env steps per second of the batched simulator against Gymnasium's vector "
+        "envs and the hardware limit.",
+    )
+    b.add_argument("--tasks", nargs="+", default=["halfcheetah", "quadruped"])
+    b.add_argument("--envs", nargs="+", type=_count, default=[1, 16, 64, 256, 1024])
+    b.add_argument("--seconds", type=float, default=2.0, help="timing window per measurement")
+    b.add_argument(
+        "--async-max-envs", type=_count, default=16, help="AsyncVectorEnv runs one process per env"
+    )
+    b.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    s.set_defaults(handler=cmd_bench)
+
+    s = sub.add_parser("demo", help="train, export and evaluate on the built-in default")
+    s.add_argument("--task", default="halfcheetah")
+    s.add_argument("--steps", type=_count, default=300_000)
+    s.add_argument("--run-dir", default=None, help="default: runs/demo-<task>-<time>")
+    s.set_defaults(handler=cmd_demo)
     return p
 
 
@@ -232,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    handler = COMMANDS[args.command][0]
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    handler: Callable[[argparse.Namespace, list[str]], int] = args.handler
     from training.checkpoint import CheckpointError
     from training.config import ConfigError
 

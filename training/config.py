@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import types
 import typing
 from typing import Any
@@ -95,6 +96,9 @@ def set_field(cfg: Any, path: str, value: Any, _prefix: str = "") -> Any:
     full = _prefix + path
     names = {f.name: f for f in dataclasses.fields(cfg)}
     if head not in names:
+        renamed = getattr(type(cfg), "RENAMED", {}).get(head)
+        if renamed is not None:
+            raise ConfigError(f"config field {full!r} is now called {_prefix + renamed!r}")
         known = [_prefix + p for p in _field_paths(cfg)]
         close = difflib.get_close_matches(full, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -140,6 +144,10 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
     """Rebuild a nested dataclass config from `to_dict` output (e.g. from a checkpoint)."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
+    # a config saved before a field was renamed (class attribute RENAMED: old -> new)
+    for old, new in getattr(cls, "RENAMED", {}).items():
+        if old in data and new not in data:
+            data = {**data, new: data[old]}
     for f in dataclasses.fields(cls):
         if f.name not in data:
             continue
@@ -159,3 +167,65 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
 def config_hash(cfg: Any) -> str:
     blob = json.dumps(to_dict(cfg), sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class FieldChecks:
+    """Validation of a config's fields in ``__post_init__``, with errors that name them.
+
+    ``FieldChecks(self).ints("num_steps", "num_epochs")`` raises ``ValueError("PPOConfig.
+    num_steps must be an integer >= 1, got 0")``; every learner's config checks its
+    fields with the same words.
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.owner = type(cfg).__name__
+
+    def fail(self, name: str, why: str) -> ValueError:
+        return ValueError(f"{self.owner}.{name} {why}, got {getattr(self.cfg, name)!r}")
+
+    def _each(self, names: tuple[str, ...]):
+        return ((n, getattr(self.cfg, n)) for n in names)
+
+    def ints(self, *names: str, low: int = 1) -> FieldChecks:
+        for n, v in self._each(names):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise self.fail(n, f"must be an integer >= {low}")
+        return self
+
+    def finite(self, *names: str) -> FieldChecks:
+        for n, v in self._each(names):
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise self.fail(n, "must be a finite number")
+        return self
+
+    def within(self, low: float, high: float, *names: str) -> FieldChecks:
+        for n, v in self._each(names):
+            if not low <= v <= high:
+                raise self.fail(n, f"must be in [{low:g}, {high:g}]")
+        return self
+
+    def positive(self, *names: str) -> FieldChecks:
+        for n, v in self._each(names):
+            if not v > 0:
+                raise self.fail(n, "must be > 0")
+        return self
+
+    def nonnegative(self, *names: str) -> FieldChecks:
+        for n, v in self._each(names):
+            if v < 0:
+                raise self.fail(n, "must be >= 0")
+        return self
+
+    def positive_or_none(self, *names: str) -> FieldChecks:
+        for n, v in self._each(names):
+            if v is not None and not (
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            ):
+                raise self.fail(n, "must be None or a positive number")
+        return self
+
+    def one_of(self, name: str, choices: Any) -> FieldChecks:
+        if getattr(self.cfg, name) not in choices:
+            raise self.fail(name, f"must be one of {sorted(choices)}")
+        return self

@@ -1,5 +1,6 @@
-"""Demonstrations: collect rollouts of a policy, store them as HDF5 laid out as robomimic
-does, load them back with a validated schema, and cut them into training windows.
+"""Demonstrations: stored as HDF5 laid out as robomimic
+does, loaded back with a validated schema, and cut into training windows (training.collect
+records them from a policy).
 
 Why HDF5 in robomimic's layout (and not Minari): the layout is a plain, documented
 convention (one group per demo, one dataset per observation key) that robomimic,
@@ -42,9 +43,7 @@ the above and raises :class:`DatasetError` naming the demo, key and problem.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,9 +63,7 @@ __all__ = [
     "DatasetError",
     "DemoDataset",
     "Episode",
-    "collect_demos",
     "load_demos",
-    "main",
     "save_demos",
 ]
 
@@ -352,179 +349,3 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
             episodes=episodes,
             info=info,
         )
-
-
-# ---------------------------------------------------------------------- collection
-def _source_actor(source: str | os.PathLike, task: str | None, num_envs: int, seed: int):
-    """(act(obs, reset) -> actions, env) for a PPO/diffusion checkpoint or an ONNX file."""
-    src = str(source)
-    if src.endswith(".onnx"):
-        from deploy.runtime import OnnxPolicy
-        from deploy.sim2sim import Sim2SimActor, make_env_for
-
-        policy = OnnxPolicy(src, deterministic=True)
-        env = make_env_for(policy.metadata, task, num_envs, seed, randomize=False)
-        return Sim2SimActor(policy, env.num_envs, env.dt, safety=False), env
-    from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-
-    ck_path = find_checkpoint(src)
-    kind = load_checkpoint(ck_path).get("kind")
-    if kind == "ppo":
-        from training.artifacts import TorchActor, load_policy_from_checkpoint
-        from training.runner import make_env
-
-        policy, cfg, _ = load_policy_from_checkpoint(ck_path)
-        if task is not None and task != cfg.env.task:
-            raise CheckpointError(
-                f"{ck_path} holds a policy for task {cfg.env.task!r}, not {task!r}"
-            )
-        env = make_env(cfg, num_envs=num_envs, seed=seed, randomize=False)
-        return TorchActor(policy, env.num_envs, env.device), env
-    if kind in ("diffusion_bc", "dppo"):
-        from training.dppo_runner import (
-            DiffusionActor,
-            load_diffusion_checkpoint,
-            make_diffusion_env,
-        )
-
-        policy, cfg, _ = load_diffusion_checkpoint(ck_path)
-        if task is not None and task != cfg.env.task:
-            raise CheckpointError(
-                f"{ck_path} holds a policy for task {cfg.env.task!r}, not {task!r}"
-            )
-        env = make_diffusion_env(cfg, policy.cfg, num_envs=num_envs, seed=seed, randomize=False)
-        return DiffusionActor(policy, env.num_envs, deterministic=True), env
-    raise CheckpointError(f"{ck_path} is a {kind!r} checkpoint; cannot collect with it")
-
-
-def collect_demos(
-    source: str | os.PathLike,
-    task: str | None = None,
-    episodes: int = 10,
-    noise: float = 0.0,
-    seed: int = 0,
-    num_envs: int = 16,
-    progress: bool = False,
-) -> DemoDataset:
-    """Roll a policy out (deterministically, plus optional action noise) and record it.
-
-    noise: std of Gaussian action noise as a fraction of each joint's half range, so for
-    actions bounded by [-1, 1] it is the std itself; noisy actions are clipped to the
-    bounds and the *executed* action is recorded (the demonstrations are imperfect, not
-    the labels of a perfect policy). Each env records a fixed quota of its first
-    episodes, so short episodes are not favoured.
-    """
-    if episodes < 1:
-        raise ValueError(f"episodes must be >= 1, got {episodes}")
-    if not (math.isfinite(noise) and noise >= 0):
-        raise ValueError(f"noise must be a finite number >= 0, got {noise}")
-    n = max(1, min(int(num_envs), episodes))
-    act, env = _source_actor(source, task, n, seed)
-    try:
-        group = env.observation_spec.policy
-        frame = group.frame_size
-        terms = [(t.name, t.size) for t in group.terms]
-        low = np.asarray(env.action_spec.low, dtype=np.float64)
-        high = np.asarray(env.action_spec.high, dtype=np.float64)
-        half = 0.5 * (high - low)
-        rng = np.random.default_rng(seed + 1)
-        quota = np.full(n, episodes // n)
-        quota[: episodes % n] += 1
-        done_count = np.zeros(n, dtype=np.int64)
-        bufs: list[dict[str, list]] = [
-            {"obs": [], "next": [], "act": [], "rew": []} for _ in range(n)
-        ]
-        finished: list[list[Episode]] = [[] for _ in range(n)]
-        obs = env.reset()
-        reset = torch.ones(n, dtype=torch.bool)
-        bar = None
-        if progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=episodes, unit="episode", desc=f"collect {env.name}")
-        while (done_count < quota).any():
-            with torch.no_grad():
-                a = act(obs, reset)
-            a = np.asarray(a.detach().cpu().numpy() if hasattr(a, "detach") else a, np.float64)
-            if noise > 0:
-                a = a + noise * half * rng.standard_normal(a.shape)
-            a = np.clip(a, low, high)
-            frames = obs["policy"][:, -frame:].cpu().numpy()
-            obs, reward, terminated, truncated, info = env.step(
-                torch.as_tensor(a, dtype=torch.float32)
-            )
-            final = info.get("final_obs", obs)["policy"][:, -frame:].cpu().numpy()
-            r = reward.cpu().numpy()
-            term = terminated.cpu().numpy()
-            ended = (terminated | truncated).cpu().numpy()
-            for i in range(n):
-                if done_count[i] >= quota[i]:
-                    continue
-                b = bufs[i]
-                b["obs"].append(frames[i])
-                b["next"].append(final[i])
-                b["act"].append(a[i])
-                b["rew"].append(r[i])
-                if ended[i]:
-                    finished[i].append(
-                        Episode(
-                            np.asarray(b["obs"], np.float32),
-                            np.asarray(b["next"], np.float32),
-                            np.asarray(b["act"], np.float32),
-                            np.asarray(b["rew"], np.float32),
-                            bool(term[i]),
-                        )
-                    )
-                    bufs[i] = {"obs": [], "next": [], "act": [], "rew": []}
-                    done_count[i] += 1
-                    if bar is not None:
-                        bar.update(1)
-            reset = torch.as_tensor(ended)
-        if bar is not None:
-            bar.close()
-        eps = [e for per_env in finished for e in per_env]
-        return DemoDataset(
-            task=env.name,
-            obs_terms=terms,
-            action_joint_names=list(env.action_spec.joint_names),
-            action_low=low,
-            action_high=high,
-            control_period_s=float(env.dt),
-            episodes=eps,
-            info={"source": str(source), "action_noise": float(noise), "seed": int(seed)},
-        )
-    finally:
-        env.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``sim2real collect <checkpoint|policy.onnx> --task <task> --episodes N [--noise S]``."""
-    p = argparse.ArgumentParser(
-        prog="sim2real collect",
-        description="Record demonstrations of a policy (PPO or diffusion checkpoint/run "
-        "directory, or an exported .onnx) into an HDF5 file laid out as robomimic does.",
-    )
-    p.add_argument("source", help="run directory, checkpoint file or policy.onnx")
-    p.add_argument("--task", default=None, help="task (default: the policy's own)")
-    p.add_argument("--episodes", type=int, default=50)
-    p.add_argument(
-        "--noise",
-        type=float,
-        default=0.0,
-        help="Gaussian action noise std, as a fraction of the half action range",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-envs", type=int, default=16)
-    p.add_argument("--out", default=None, help="output .hdf5 (default demos/<task>_<noise>.hdf5)")
-    a = p.parse_args(argv)
-    data = collect_demos(
-        a.source, a.task, a.episodes, a.noise, a.seed, num_envs=a.num_envs, progress=True
-    )
-    out = a.out or f"demos/{data.task}_noise{a.noise:g}.hdf5"
-    path = save_demos(out, data)
-    s = data.summary()
-    print(
-        f"{path}: {s['episodes']} episodes, {s['transitions']} transitions, "
-        f"return {s['return_mean']:.1f} ± {s['return_std']:.1f}"
-    )
-    return 0

@@ -1,9 +1,11 @@
-"""What every training loop needs around it: graceful interruption and the code version."""
+"""What every training loop needs around it: the loop itself with graceful interruption
+and checkpoint cadence, and the code version saved in checkpoints."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +48,42 @@ class Interrupt:
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def stop_agreed(requested: bool) -> bool:
+    """Under torch.distributed every rank must stop at the same iteration: any rank's
+    request stops them all. Alone: the request itself."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return requested
+    flag = torch.tensor([1.0 if requested else 0.0])
+    dist.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+def train_loop(
+    done: int,
+    total: int,
+    step: Callable[[], int],
+    save: Callable[[], Any],
+    checkpoint_every: int,
+) -> bool:
+    """The loop every learner runs: ``step()`` until ``total``, checkpoints, Ctrl-C.
+
+    ``step()`` does one unit of work (an iteration, an update) with its logging and
+    returns the new count. A checkpoint is saved every ``checkpoint_every`` units, at the
+    end, and when an interrupt was requested (first SIGINT/SIGTERM: finish the unit,
+    save, stop). Returns True if it stopped early.
+    """
+    with Interrupt() as interrupt:
+        while done < total:
+            done = step()
+            stop = stop_agreed(interrupt.requested)
+            last = done >= total
+            if done % checkpoint_every == 0 or last or stop:
+                save()
+            if stop and not last:
+                return True
+    return False

@@ -1,4 +1,8 @@
-"""Preallocated on-policy rollout storage, time first: every tensor is [T, N, ...].
+"""Preallocated on-policy rollout storages, time first: every tensor is [T, N, ...].
+
+``RolloutStorage`` holds one action per env step (Gaussian policies); ``ChunkRolloutStorage``
+holds env-step rows plus a table of sampled action chunks with their denoising or flow
+chains (generative policies). ``bootstrap_values`` is the time-out rule both use.
 
 Everything lives on the learner's device and is written in place, so a rollout costs
 no allocation and no host-device copy per env step. Minibatches are drawn with a
@@ -8,12 +12,33 @@ generator's state can go into a checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from training.core import gae
+
+
+def bootstrap_values(
+    value: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
+    next_obs: Mapping[str, torch.Tensor],
+    info: Mapping[str, Any] | None,
+    denormalize: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """V of the true next observation, the bootstrap of GAE.
+
+    For envs whose episode ended this step ``info["final_obs"]`` holds the real last
+    observation (``next_obs`` is already the reset one), so a time-out bootstraps from
+    where the episode really was; GAE drops the bootstrap of terminations itself.
+    ``denormalize``: the value normalizer's, when the critic predicts normalized returns.
+    """
+    final = next_obs
+    if info is not None and info.get("final_obs") is not None:
+        final = info["final_obs"]
+    values = value(final)
+    return values if denormalize is None else denormalize(values)
 
 
 @dataclass
@@ -237,3 +262,94 @@ class RolloutStorage:
         for idx in perm.chunk(num_minibatches):
             a, lp, v, adv, ret, mu, sd = (f[idx] for f in fields)
             yield Batch({k: o[idx] for k, o in obs.items()}, a, lp, v, adv, ret, mu, sd)
+
+
+class ChunkRolloutStorage:
+    """One rollout: per env step (rows [T, N]) and per sampled chunk (a table of C entries).
+
+    Rows: observations, values, rewards, terminations, bootstrap values, and which chunk
+    (index into the table) and which position in it the executed action came from.
+    Chunks: the conditioning observation, the fine-tuned part of the chain
+    [K'+1, Tp, A] and its log-probabilities [K', Tp] (reduced over action dimensions).
+    """
+
+    def __init__(
+        self,
+        num_steps: int,
+        num_envs: int,
+        obs_sizes: Mapping[str, int],
+        policy_obs_size: int,
+        ft_steps: int,
+        horizon: int,
+        action_size: int,
+        device: torch.device,
+    ) -> None:
+        t, n = num_steps, num_envs
+        self.num_steps, self.num_envs, self.device = t, n, device
+        z = dict(device=device)
+        self.obs = {k: torch.zeros(t, n, int(s), **z) for k, s in obs_sizes.items()}
+        self.values = torch.zeros(t, n, **z)
+        self.rewards = torch.zeros(t, n, **z)
+        self.terminated = torch.zeros(t, n, dtype=torch.bool, **z)
+        self.dones = torch.zeros(t, n, dtype=torch.bool, **z)
+        self.next_values = torch.zeros(t, n, **z)
+        self.chunk_index = torch.zeros(t, n, dtype=torch.long, **z)
+        self.position = torch.zeros(t, n, dtype=torch.long, **z)
+        cap = t * n
+        self.chunk_obs = torch.zeros(cap, policy_obs_size, **z)
+        self.chunk_chain = torch.zeros(cap, ft_steps + 1, horizon, action_size, **z)
+        self.chunk_logp = torch.zeros(cap, ft_steps, horizon, **z)
+        self.step = 0
+        self.num_chunks = 0
+
+    @property
+    def is_full(self) -> bool:
+        return self.step >= self.num_steps
+
+    def clear(self) -> None:
+        self.step = 0
+        self.num_chunks = 0
+
+    def add_chunks(
+        self, obs: torch.Tensor, chain: torch.Tensor, logp: torch.Tensor
+    ) -> torch.Tensor:
+        n = obs.shape[0]
+        start = self.num_chunks
+        if start + n > self.chunk_obs.shape[0]:
+            raise RuntimeError(
+                "chunk table is full; a rollout samples at most one chunk per env step"
+            )
+        sl = slice(start, start + n)
+        self.chunk_obs[sl] = obs
+        self.chunk_chain[sl] = chain
+        self.chunk_logp[sl] = logp
+        self.num_chunks += n
+        return torch.arange(start, start + n, device=self.device)
+
+    def add_row(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        values: torch.Tensor,
+        chunk_index: torch.Tensor,
+        position: torch.Tensor,
+    ) -> None:
+        if self.is_full:
+            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
+        t = self.step
+        for k, buf in self.obs.items():
+            if k not in obs:
+                raise KeyError(f"observation group {k!r} missing; got {sorted(obs)}")
+            buf[t] = obs[k]
+        self.values[t] = values
+        self.chunk_index[t] = chunk_index
+        self.position[t] = position
+
+    def add_env_step(
+        self, rewards: torch.Tensor, terminated: torch.Tensor, dones: torch.Tensor, next_values
+    ) -> None:
+        t = self.step
+        self.rewards[t] = rewards
+        self.terminated[t] = terminated
+        self.dones[t] = dones
+        self.next_values[t] = next_values
+        self.step += 1

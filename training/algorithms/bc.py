@@ -18,24 +18,32 @@ from typing import Any
 import torch
 from torch import nn
 
-from training.core import CosineSchedule
+from training.core import CosineSchedule, UpdateGuard
 
 
 @dataclass
 class BCConfig:
-    """num_updates: gradient steps; batch_size: windows per step; lr -> lr_final by a
-    cosine after warmup steps (at most num_updates - 1); ema_decay: 0 disables the
-    weight average."""
+    """Behaviour cloning: updates, batches, the cosine rate, the weight average."""
 
     num_updates: int = 5000
+    """Gradient steps of the whole run."""
     batch_size: int = 256
+    """(observation, action chunk) windows per step."""
     lr: float = 1e-3
+    """Peak learning rate (AdamW), reached after the warm-up."""
     lr_final: float = 1e-5
+    """Learning rate at the end of the cosine decay."""
     warmup: int = 100
+    """Steps of linear warm-up from 0 (cut to num_updates - 1 when longer)."""
     weight_decay: float = 1e-6
+    """AdamW weight decay."""
     ema_decay: float = 0.995
+    """Decay of the exponential moving average of the weights, which is what the trained
+    policy ends up with; 0 disables the average."""
     max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to it (None: no clipping)."""
     seed: int = 0
+    """Seed of the minibatch draws and the denoising noise."""
 
     def __post_init__(self) -> None:
         for name in ("num_updates", "batch_size"):
@@ -78,13 +86,14 @@ class BC:
         self.actions = actions
         self.diffusion = hasattr(policy, "bc_loss")
         if self.diffusion:
-            self.modules: list[nn.Module] = [policy.actor]
             policy.update_obs_normalizer(obs)
         else:
             if actions.dim() == 3:
                 self.actions = actions[:, 0]
-            self.modules = [policy.actor]
             policy.actor_obs_normalizer.update(obs)
+        # the trained sub-modules, by their name in the policy (the EMA's state keys)
+        self.module_names = ["actor"]
+        self.modules: list[nn.Module] = [getattr(policy, n) for n in self.module_names]
         self.params = [p for m in self.modules for p in m.parameters()]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
@@ -98,6 +107,7 @@ class BC:
                 for p in m.parameters():
                     p.requires_grad_(False)
         self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.guard = UpdateGuard(self.optimizer, self.params, cfg.max_grad_norm)
         self.num_updates = 0
 
     def _loss(self, idx: torch.Tensor) -> torch.Tensor:
@@ -108,7 +118,9 @@ class BC:
         return (mean - act).square().mean()
 
     def update(self) -> dict[str, float]:
-        """One gradient step on a random minibatch; returns loss, lr and grad norm."""
+        """One guarded gradient step on a random minibatch; returns loss, lr and grad norm
+        (a step whose loss or gradient is not finite is skipped: NaN for both, and
+        counted in ``nonfinite_steps``)."""
         lr = self.schedule(min(self.num_updates, self.cfg.num_updates))
         for g in self.optimizer.param_groups:
             g["lr"] = lr
@@ -116,11 +128,15 @@ class BC:
         loss = self._loss(idx)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(
-            self.params, math.inf if self.cfg.max_grad_norm is None else self.cfg.max_grad_norm
-        )
-        self.optimizer.step()
+        stepped = self.guard.step([loss])
         self.num_updates += 1
+        if stepped is None:
+            return {
+                "loss": math.nan,
+                "lr": lr,
+                "grad_norm": math.nan,
+                "nonfinite_steps": float(self.guard.nonfinite_steps),
+            }
         if self.ema is not None:
             # the usual warm-up of the decay: early weights are forgotten quickly
             d = min(self.cfg.ema_decay, (1 + self.num_updates) / (10 + self.num_updates))
@@ -128,7 +144,12 @@ class BC:
                 for m, e in zip(self.modules, self.ema):
                     for p, q in zip(m.parameters(), e.parameters()):
                         q.mul_(d).add_(p.detach(), alpha=1 - d)
-        return {"loss": float(loss.detach()), "lr": lr, "grad_norm": float(norm)}
+        return {
+            "loss": stepped[0],
+            "lr": lr,
+            "grad_norm": stepped[1],
+            "nonfinite_steps": float(self.guard.nonfinite_steps),
+        }
 
     @torch.no_grad()
     def validation_loss(self, batches: int = 8) -> float:
@@ -170,21 +191,43 @@ class BC:
             for m, e in zip(self.modules, self.ema):
                 m.load_state_dict(e.state_dict())
 
+    def ema_state(self) -> dict[str, torch.Tensor] | None:
+        """The averaged weights under the policy's own keys ("actor.<...>"), so that
+        ``{**policy.state_dict(), **ema_state()}`` is the trained policy."""
+        if self.ema is None:
+            return None
+        return {
+            f"{name}.{k}": v
+            for name, e in zip(self.module_names, self.ema)
+            for k, v in e.state_dict().items()
+        }
+
     def state_dict(self) -> dict[str, Any]:
+        """Optimizer, averaged weights, sampling state, counters (not the raw weights,
+        which the runner stores)."""
         return {
             "optimizer": self.optimizer.state_dict(),
-            "ema": None if self.ema is None else [e.state_dict() for e in self.ema],
+            "ema": self.ema_state(),
             "generator": self.generator.get_state(),
             "num_updates": self.num_updates,
+            "guard": self.guard.state_dict(),
             "config": dataclasses.asdict(self.cfg),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.ema is not None:
-            if state["ema"] is None:
+            saved = state["ema"]
+            if saved is None:
                 raise ValueError("checkpoint has no EMA weights; ema_decay > 0 here")
-            for e, s in zip(self.ema, state["ema"]):
-                e.load_state_dict(s)
+            for name, e in zip(self.module_names, self.ema):
+                if isinstance(saved, list):  # checkpoints before the keyed layout
+                    e.load_state_dict(saved[self.module_names.index(name)])
+                else:
+                    prefix = f"{name}."
+                    e.load_state_dict(
+                        {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+                    )
         self.generator.set_state(state["generator"])
         self.num_updates = int(state["num_updates"])
+        self.guard.load_state_dict(state.get("guard", {"nonfinite_steps": 0}))

@@ -37,9 +37,10 @@ from typing import Any
 import torch
 
 from policies.diffusion import DiffusionPolicy
+from training.algorithms.base import OnPolicyConfig
 from training.core import (
-    POLICY_LOSS_PRESETS,
     PolicyLossConfig,
+    UpdateGuard,
     ValueNormalizer,
     gae,
     get_loss_config,
@@ -47,114 +48,70 @@ from training.core import (
     policy_loss,
     value_loss,
 )
+from training.storage import ChunkRolloutStorage, bootstrap_values
 
 REDUCTIONS = ("mean", "sum")
 
 
 @dataclass
-class DPPOConfig:
-    """DPPO hyper-parameters (after DPPO's Gym settings, scaled to small CPUs).
+class DPPOConfig(OnPolicyConfig):
+    """DPPO: rollout, the fine-tuned denoising steps, clipping, rates, value loss.
 
-    The clip range, exploration floor and actor rate are wider than the paper's (clip
-    0.001 -> 0.01, floor 0.1, lr 1e-4), which go with far larger rollouts per update:
-    with those, hopper did not move from its BC return in 1M env steps; with these,
-    from the same kind of start, hopper went from 662 to 1 477 and halfcheetah from 592
-    to 1 278 (means of 3 seeds, 1M steps, docs/benchmarks_dppo.md). Per-task changes
-    live in training.presets.DPPO_PRESETS (halfcheetah: twice the clip range, 1 842).
-
-    num_steps: env steps per env per rollout; num_epochs x num_minibatches updates.
-    ft_steps: K', the fine-tuned last steps of the chain (<= policy sample_steps).
-    eta: DDIM eta of the chain while fine-tuning (None: the policy's); min_std: the std
-        floor of every denoising step, for sampling and for the log-probabilities.
-    denoising_gamma: gamma_d of the per-step weights gamma_d^(N-1-k).
-    clip / clip_base / clip_rate: the clip range at the last step, at the noisiest
-        fine-tuned step, and the exponential rate of the growth between them:
-        eps_i = base + (clip - base) * (exp(rate * i/(K'-1)) - 1) / (exp(rate) - 1).
-    logprob_reduce: how a chunk position's log-probability is formed from its action
-        dimensions: "sum" (the exact log-density) or "mean" (per-dimension average, as
-        DPPO does, which keeps the ratio's scale independent of the action size).
-    actor_lr / critic_lr: learning rates of the two parameter groups.
-    bc_coef: weight of the behaviour-cloning term (0: off).
-    target_kl: stop the epoch loop when a minibatch's approx_kl exceeds it (None: never).
-    loss: policy-loss preset of the core (clip ranges replaced by the above).
+    After DPPO's Gym settings, scaled to small CPUs: the clip range, exploration floor
+    and actor rate are wider than the paper's (clip 0.001 -> 0.01, floor 0.1, lr 1e-4),
+    which go with far larger rollouts per update: with those, hopper did not move from
+    its BC return in 1M env steps; with these, from the same kind of start, hopper went
+    from 662 to 1 477 and halfcheetah from 592 to 1 278 (means of 3 seeds, 1M steps,
+    docs/benchmarks_dppo.md). Per-task changes live in training.presets.DPPO_PRESETS
+    (halfcheetah: twice the clip range, 1 842).
     """
 
     num_steps: int = 64
     num_epochs: int = 8
-    num_minibatches: int = 4
-    gamma: float = 0.99
-    lam: float = 0.95
-    ft_steps: int = 5
-    eta: float | None = None
-    min_std: float = 0.2
-    denoising_gamma: float = 0.99
     clip: float = 0.1
-    clip_base: float = 0.01
-    clip_rate: float = 3.0
-    logprob_reduce: str = "mean"
-    actor_lr: float = 3e-4
-    critic_lr: float = 1e-3
+    """Clip range at the last denoising step."""
     value_coef: float = 0.5
     value_clip: float | None = None
     value_normalization: bool = True
-    normalize_advantages: bool = True
+    ft_steps: int = 5
+    """K', the fine-tuned last steps of the denoising chain (<= policy.sample_steps)."""
+    eta: float | None = None
+    """DDIM eta of the chain while fine-tuning (None: the policy's)."""
+    min_std: float = 0.2
+    """Std floor of every denoising step, for sampling and for the log-probabilities."""
+    denoising_gamma: float = 0.99
+    """gamma_d of the per-step weights gamma_d^(N-1-k)."""
+    clip_base: float = 0.01
+    """Clip range at the noisiest fine-tuned step; between the two it grows as
+    eps_i = base + (clip - base) * (exp(rate * i/(K'-1)) - 1) / (exp(rate) - 1)."""
+    clip_rate: float = 3.0
+    """The exponential rate of that growth."""
+    logprob_reduce: str = "mean"
+    """A chunk position's log-probability from its action dimensions: "sum" (the exact
+    log-density) or "mean" (per-dimension average, as DPPO does, which keeps the
+    ratio's scale independent of the action size)."""
+    actor_lr: float = 3e-4
+    """Learning rate of the fine-tuned actor copy."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic."""
     bc_coef: float = 0.0
-    max_grad_norm: float | None = 1.0
-    target_kl: float | None = None
-    loss: str = "ppo"
-    seed: int = 0
+    """Weight of the behaviour-cloning term that keeps the policy near its pretraining (0: off)."""
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"DPPOConfig.{name} {why}, got {getattr(self, name)!r}")
-
-        for name in ("num_steps", "num_epochs", "num_minibatches", "ft_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, "must be an integer >= 1")
-        for name in (
-            "gamma",
-            "lam",
-            "min_std",
-            "denoising_gamma",
-            "clip",
-            "clip_base",
-            "clip_rate",
-            "actor_lr",
-            "critic_lr",
-            "value_coef",
-            "bc_coef",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise bad(name, "must be a finite number")
-        for name in ("gamma", "lam", "denoising_gamma"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise bad(name, "must be in [0, 1]")
+        check = self.check_common()
+        check.ints("ft_steps")
+        check.finite("min_std", "denoising_gamma", "clip_base", "clip_rate", "actor_lr")
+        check.finite("critic_lr", "bc_coef")
+        check.within(0.0, 1.0, "denoising_gamma")
         if self.min_std <= 0:
-            raise bad("min_std", "must be > 0 (the log-probabilities need a std floor)")
-        if not 0.0 < self.clip < 1.0:
-            raise bad("clip", "must be in (0, 1)")
+            raise check.fail("min_std", "must be > 0 (the log-probabilities need a std floor)")
         if not 0.0 < self.clip_base <= self.clip:
-            raise bad("clip_base", f"must be in (0, clip={self.clip}]")
-        if self.clip_rate <= 0:
-            raise bad("clip_rate", "must be > 0")
-        for name in ("actor_lr", "critic_lr"):
-            if getattr(self, name) <= 0:
-                raise bad(name, "must be > 0")
-        for name in ("value_coef", "bc_coef"):
-            if getattr(self, name) < 0:
-                raise bad(name, "must be >= 0")
+            raise check.fail("clip_base", f"must be in (0, clip={self.clip}]")
+        check.positive("clip_rate", "actor_lr", "critic_lr")
+        check.nonnegative("bc_coef")
         if self.eta is not None and not (math.isfinite(self.eta) and 0.0 <= self.eta <= 1.0):
-            raise bad("eta", "must be None or in [0, 1]")
-        for name in ("value_clip", "max_grad_norm", "target_kl"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise bad(name, "must be None or a positive number")
-        if self.logprob_reduce not in REDUCTIONS:
-            raise bad("logprob_reduce", f"must be one of {list(REDUCTIONS)}")
-        if self.loss not in POLICY_LOSS_PRESETS:
-            raise bad("loss", f"must name a preset in {sorted(POLICY_LOSS_PRESETS)}")
+            raise check.fail("eta", "must be None or in [0, 1]")
+        check.one_of("logprob_reduce", REDUCTIONS)
         self.loss_config()
 
     def loss_config(self) -> PolicyLossConfig:
@@ -171,97 +128,6 @@ class DPPOConfig:
             + (self.clip - self.clip_base) * (math.exp(self.clip_rate * i / (k - 1)) - 1.0) / denom
             for i in range(k)
         ]
-
-
-class ChunkRolloutStorage:
-    """One rollout: per env step (rows [T, N]) and per sampled chunk (a table of C entries).
-
-    Rows: observations, values, rewards, terminations, bootstrap values, and which chunk
-    (index into the table) and which position in it the executed action came from.
-    Chunks: the conditioning observation, the fine-tuned part of the chain
-    [K'+1, Tp, A] and its log-probabilities [K', Tp] (reduced over action dimensions).
-    """
-
-    def __init__(
-        self,
-        num_steps: int,
-        num_envs: int,
-        obs_sizes: Mapping[str, int],
-        policy_obs_size: int,
-        ft_steps: int,
-        horizon: int,
-        action_size: int,
-        device: torch.device,
-    ) -> None:
-        t, n = num_steps, num_envs
-        self.num_steps, self.num_envs, self.device = t, n, device
-        z = dict(device=device)
-        self.obs = {k: torch.zeros(t, n, int(s), **z) for k, s in obs_sizes.items()}
-        self.values = torch.zeros(t, n, **z)
-        self.rewards = torch.zeros(t, n, **z)
-        self.terminated = torch.zeros(t, n, dtype=torch.bool, **z)
-        self.dones = torch.zeros(t, n, dtype=torch.bool, **z)
-        self.next_values = torch.zeros(t, n, **z)
-        self.chunk_index = torch.zeros(t, n, dtype=torch.long, **z)
-        self.position = torch.zeros(t, n, dtype=torch.long, **z)
-        cap = t * n
-        self.chunk_obs = torch.zeros(cap, policy_obs_size, **z)
-        self.chunk_chain = torch.zeros(cap, ft_steps + 1, horizon, action_size, **z)
-        self.chunk_logp = torch.zeros(cap, ft_steps, horizon, **z)
-        self.step = 0
-        self.num_chunks = 0
-
-    @property
-    def is_full(self) -> bool:
-        return self.step >= self.num_steps
-
-    def clear(self) -> None:
-        self.step = 0
-        self.num_chunks = 0
-
-    def add_chunks(
-        self, obs: torch.Tensor, chain: torch.Tensor, logp: torch.Tensor
-    ) -> torch.Tensor:
-        n = obs.shape[0]
-        start = self.num_chunks
-        if start + n > self.chunk_obs.shape[0]:
-            raise RuntimeError(
-                "chunk table is full; a rollout samples at most one chunk per env step"
-            )
-        sl = slice(start, start + n)
-        self.chunk_obs[sl] = obs
-        self.chunk_chain[sl] = chain
-        self.chunk_logp[sl] = logp
-        self.num_chunks += n
-        return torch.arange(start, start + n, device=self.device)
-
-    def add_row(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        values: torch.Tensor,
-        chunk_index: torch.Tensor,
-        position: torch.Tensor,
-    ) -> None:
-        if self.is_full:
-            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
-        t = self.step
-        for k, buf in self.obs.items():
-            if k not in obs:
-                raise KeyError(f"observation group {k!r} missing; got {sorted(obs)}")
-            buf[t] = obs[k]
-        self.values[t] = values
-        self.chunk_index[t] = chunk_index
-        self.position[t] = position
-
-    def add_env_step(
-        self, rewards: torch.Tensor, terminated: torch.Tensor, dones: torch.Tensor, next_values
-    ) -> None:
-        t = self.step
-        self.rewards[t] = rewards
-        self.terminated[t] = terminated
-        self.dones[t] = dones
-        self.next_values[t] = next_values
-        self.step += 1
 
 
 class DPPO:
@@ -337,8 +203,8 @@ class DPPO:
         self.position = torch.zeros(n, dtype=torch.long, device=self.device)
         self.current_chunk = torch.zeros(n, dtype=torch.long, device=self.device)
         self.chunk_actions = torch.zeros(n, self.act_steps, self.action_size, device=self.device)
+        self.guard = UpdateGuard(self.optimizer, self.params, cfg.max_grad_norm)
         self.num_updates = 0
-        self.skipped_steps = 0
 
     # ------------------------------------------------------------------ log-probs
     def _reduce(self, logp: torch.Tensor) -> torch.Tensor:
@@ -399,12 +265,12 @@ class DPPO:
         info: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the env's answer; envs whose episode ended start a new chunk next."""
-        final = next_obs
-        if info is not None and info.get("final_obs") is not None:
-            final = info["final_obs"]
-        next_values = self.policy.value(final)
-        if self.value_normalizer is not None:
-            next_values = self.value_normalizer.denormalize(next_values)
+        next_values = bootstrap_values(
+            self.policy.value,
+            next_obs,
+            info,
+            None if self.value_normalizer is None else self.value_normalizer.denormalize,
+        )
         terminated = terminated.to(torch.bool)
         dones = terminated | truncated.to(torch.bool)
         self.storage.add_env_step(reward, terminated, dones, next_values)
@@ -429,6 +295,12 @@ class DPPO:
         return adv_c, mask_c
 
     def update(self) -> dict[str, float]:
+        """Learn from the full rollout; statistics are means over minibatch steps.
+
+        Never raises on numbers (training.core.guard): a step whose loss or gradient is
+        not finite is skipped, a rollout whose returns or advantages are not finite is
+        not learned from; both are counted in "nonfinite_steps".
+        """
         cfg = self.cfg
         st = self.storage
         if not st.is_full:
@@ -438,18 +310,6 @@ class DPPO:
         adv, returns = gae(
             st.rewards, st.values, st.next_values, st.terminated, st.dones, cfg.gamma, cfg.lam
         )
-        if self.value_normalizer is not None:
-            self.value_normalizer.update(returns)
-        if cfg.normalize_advantages:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-        adv_c, mask_c = self._credit(adv)
-        c = st.num_chunks
-        rows = cfg.num_steps * self.num_envs
-        flat_obs = {k: v.reshape(rows, -1) for k, v in st.obs.items()}
-        flat_ret = returns.reshape(-1)
-        flat_val = st.values.reshape(-1)
-        k_ft = cfg.ft_steps
-        m = cfg.num_minibatches
         names = (
             "policy_loss",
             "value_loss",
@@ -462,81 +322,44 @@ class DPPO:
         sums = dict.fromkeys(names, 0.0)
         steps = 0
         early = False
-        for _ in range(cfg.num_epochs):
-            chunk_perm = torch.randperm(c, generator=self.generator).to(self.device)
-            row_perm = torch.randperm(rows, generator=self.generator).to(self.device)
-            for cb, rb in zip(chunk_perm.chunk(m), row_perm.chunk(m)):
-                new = self.chunk_log_prob(st.chunk_obs[cb], st.chunk_chain[cb])
-                old = st.chunk_logp[cb]
-                # rows: one per (chunk, position); columns: the K' fine-tuned steps
-                new_r = new.permute(0, 2, 1).reshape(-1, k_ft)
-                old_r = old.permute(0, 2, 1).reshape(-1, k_ft)
-                mask = mask_c[cb].reshape(-1, 1).expand(-1, k_ft)
-                pl, pstats = policy_loss(
-                    new_r,
-                    old_r,
-                    adv_c[cb].reshape(-1),
-                    self.loss_cfg,
-                    mask=mask,
-                    weights=self.weights,
-                    clip_scale=self.clip_scale,
-                )
-                mb_obs = {k: v[rb] for k, v in flat_obs.items()}
-                v = self.policy.value(mb_obs)
-                target = flat_ret[rb]
-                old_v = flat_val[rb]
-                if self.value_normalizer is not None:
-                    target = self.value_normalizer.normalize(target)
-                    old_v = self.value_normalizer.normalize(old_v)
-                vl = value_loss(v, old_v, target, clip_eps=cfg.value_clip)
-                loss = pl + cfg.value_coef * vl
-                bc = torch.zeros((), device=self.device)
-                if cfg.bc_coef > 0:
-                    with torch.no_grad():
-                        ref = self.policy.sample(
-                            st.chunk_obs[cb],
-                            chain=self.chain,
-                            min_std=cfg.min_std,
-                            return_chain=True,
-                            reference=True,
-                        ).chain
-                    assert ref is not None
-                    bc_lp = self.chunk_log_prob(st.chunk_obs[cb], ref[:, self.start :])
-                    bc = -bc_lp.mean()
-                    loss = loss + cfg.bc_coef * bc
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                max_norm = math.inf if cfg.max_grad_norm is None else cfg.max_grad_norm
-                norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm, foreach=True)
-                vals = [
-                    float(pstats["policy_loss"]),
-                    float(vl.detach()),
-                    float(bc.detach()),
-                    float(pstats["approx_kl"]),
-                    float(pstats["clip_frac"]),
-                    float(pstats["ratio_max"]),
-                    float(norm),
-                ]
-                if not all(math.isfinite(x) for x in vals) or not bool(torch.isfinite(loss)):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.skipped_steps += 1
-                    continue
-                self.optimizer.step()
-                for name, x in zip(names, vals):
-                    sums[name] += x
-                steps += 1
-                if kl_early_stop(vals[3], cfg.target_kl):
-                    early = True
+        c = st.num_chunks
+        executed = 0.0
+        if self.guard.finite_batch(returns, adv):
+            if self.value_normalizer is not None:
+                self.value_normalizer.update(returns)
+            if cfg.normalize_advantages:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv_c, mask_c = self._credit(adv)
+            executed = float(mask_c.sum()) / max(c * self.act_steps, 1)
+            rows = cfg.num_steps * self.num_envs
+            flat_obs = {k: v.reshape(rows, -1) for k, v in st.obs.items()}
+            flat_ret = returns.reshape(-1)
+            flat_val = st.values.reshape(-1)
+            m = cfg.num_minibatches
+            for _ in range(cfg.num_epochs):
+                chunk_perm = torch.randperm(c, generator=self.generator).to(self.device)
+                row_perm = torch.randperm(rows, generator=self.generator).to(self.device)
+                for cb, rb in zip(chunk_perm.chunk(m), row_perm.chunk(m)):
+                    mb_obs = {k: v[rb] for k, v in flat_obs.items()}
+                    vals = self._minibatch_step(
+                        cb, adv_c, mask_c, mb_obs, flat_ret[rb], flat_val[rb]
+                    )
+                    if vals is None:
+                        continue
+                    for name, x in zip(names, vals):
+                        sums[name] += x
+                    steps += 1
+                    if kl_early_stop(vals[3], cfg.target_kl):
+                        early = True
+                        break
+                if early:
                     break
-            if early:
-                break
         self.policy.update_critic_normalizer(st.obs)
-        executed = float(mask_c.sum()) / max(c * self.act_steps, 1)
         stats = {k: s / max(steps, 1) for k, s in sums.items()}
         stats.update(
             minibatch_steps=float(steps),
             early_stopped=float(early),
-            skipped_steps_total=float(self.skipped_steps),
+            nonfinite_steps=float(self.guard.nonfinite_steps),
             chunks=float(c),
             executed_fraction=executed,
             returns_mean=float(returns.mean()),
@@ -547,22 +370,83 @@ class DPPO:
         self.num_updates += 1
         return stats
 
+    def _minibatch_step(
+        self,
+        cb: torch.Tensor,
+        adv_c: torch.Tensor,
+        mask_c: torch.Tensor,
+        obs: dict[str, torch.Tensor],
+        target: torch.Tensor,
+        old_v: torch.Tensor,
+    ) -> list[float] | None:
+        """One guarded step on the chunks ``cb`` and the env-step rows of ``obs``; its
+        statistics (policy, value and BC losses, approx_kl, clip_frac, ratio_max, grad
+        norm), or None if it was skipped."""
+        cfg, st, k_ft = self.cfg, self.storage, self.cfg.ft_steps
+        new = self.chunk_log_prob(st.chunk_obs[cb], st.chunk_chain[cb])
+        old = st.chunk_logp[cb]
+        # rows: one per (chunk, position); columns: the K' fine-tuned steps
+        new_r = new.permute(0, 2, 1).reshape(-1, k_ft)
+        old_r = old.permute(0, 2, 1).reshape(-1, k_ft)
+        mask = mask_c[cb].reshape(-1, 1).expand(-1, k_ft)
+        pl, pstats = policy_loss(
+            new_r,
+            old_r,
+            adv_c[cb].reshape(-1),
+            self.loss_cfg,
+            mask=mask,
+            weights=self.weights,
+            clip_scale=self.clip_scale,
+        )
+        v = self.policy.value(obs)
+        if self.value_normalizer is not None:
+            target = self.value_normalizer.normalize(target)
+            old_v = self.value_normalizer.normalize(old_v)
+        vl = value_loss(v, old_v, target, clip_eps=cfg.value_clip)
+        loss = pl + cfg.value_coef * vl
+        bc = torch.zeros((), device=self.device)
+        if cfg.bc_coef > 0:
+            with torch.no_grad():
+                ref = self.policy.sample(
+                    st.chunk_obs[cb],
+                    chain=self.chain,
+                    min_std=cfg.min_std,
+                    return_chain=True,
+                    reference=True,
+                ).chain
+            assert ref is not None
+            bc_lp = self.chunk_log_prob(st.chunk_obs[cb], ref[:, self.start :])
+            bc = -bc_lp.mean()
+            loss = loss + cfg.bc_coef * bc
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        stats = [
+            loss,
+            pstats["policy_loss"],
+            vl,
+            bc,
+            pstats["approx_kl"],
+            pstats["clip_frac"],
+            pstats["ratio_max"],
+        ]
+        values = self.guard.step(stats)
+        return None if values is None else values[1:]
+
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
+        """Everything but the policy's weights (the runner stores those once)."""
         return {
-            "policy": self.policy.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "value_normalizer": None
             if self.value_normalizer is None
             else self.value_normalizer.state_dict(),
             "generator": self.generator.get_state(),
             "num_updates": self.num_updates,
-            "skipped_steps": self.skipped_steps,
+            "guard": self.guard.state_dict(),
             "config": dataclasses.asdict(self.cfg),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.value_normalizer is not None:
             if state["value_normalizer"] is None:
@@ -570,5 +454,8 @@ class DPPO:
             self.value_normalizer.load_state_dict(state["value_normalizer"])
         self.generator.set_state(state["generator"])
         self.num_updates = int(state["num_updates"])
-        self.skipped_steps = int(state["skipped_steps"])
+        # checkpoints before the shared guard kept the count under another name
+        self.guard.load_state_dict(
+            state.get("guard", {"nonfinite_steps": state.get("skipped_steps", 0)})
+        )
         self.storage.clear()

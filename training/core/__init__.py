@@ -16,6 +16,7 @@ from training.core.advantages import (
     variance_curriculum_weights,
     zero_variance_fraction,
 )
+from training.core.guard import UpdateGuard
 from training.core.losses import (
     POLICY_LOSS_PRESETS,
     PolicyLossConfig,
@@ -31,6 +32,7 @@ from training.core.schedules import (
     ConstantSchedule,
     CosineSchedule,
     LinearSchedule,
+    Warmup,
     constant,
     cosine,
     kl_early_stop,
@@ -43,6 +45,8 @@ __all__ = [
     "ConstantSchedule",
     "CosineSchedule",
     "LinearSchedule",
+    "UpdateGuard",
+    "Warmup",
     "PolicyLossConfig",
     "RunningMeanStd",
     "ValueNormalizer",

@@ -99,6 +99,45 @@ class CosineSchedule(_Stateful):
         return self.end + (self.start - self.end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@dataclass
+class Warmup(_Stateful):
+    """A linear warm-up in front of another schedule, which then starts at step 0.
+
+    lr(step) = peak * (step + 1) / (steps + 1)     for step < steps
+             = after(step - steps)                 afterwards
+
+    peak: the rate the ramp climbs to; None: ``after(0)``.
+
+    The ramp never gives a zero rate (the first step already learns, at 1/(steps+1) of
+    the rate), unlike CosineSchedule's own warm-up from 0; the language-model learners
+    use it in front of a constant, linear or cosine schedule.
+    """
+
+    after: ConstantSchedule | LinearSchedule | CosineSchedule
+    steps: int
+    peak: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"Warmup.steps must be >= 0, got {self.steps}")
+
+    def __call__(self, step: int) -> float:
+        _check_step(step)
+        if step < self.steps:
+            peak = self.after(0) if self.peak is None else self.peak
+            return peak * (step + 1) / (self.steps + 1)
+        return self.after(step - self.steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"after": self.after.state_dict(), "steps": self.steps, "peak": self.peak}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.after.load_state_dict(state["after"])
+        self.steps = int(state["steps"])
+        self.peak = state["peak"]
+        self.__post_init__()
+
+
 def constant(value: float) -> ConstantSchedule:
     """A fixed learning rate."""
     return ConstantSchedule(value)

@@ -37,7 +37,13 @@ import torch
 from policies.language_model import LanguageModelPolicy, Rollout
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import config_hash, to_dict
-from training.core.schedules import CosineSchedule, LinearSchedule
+from training.core import (
+    ConstantSchedule,
+    CosineSchedule,
+    LinearSchedule,
+    UpdateGuard,
+    Warmup,
+)
 from training.grpo.config import GRPOTrainConfig
 from training.grpo.data import PromptSampler, load_prompts, validate_rows
 from training.grpo.loss import advantages as group_advantages
@@ -134,6 +140,10 @@ class GRPOTrainer:
             self.optimizer = torch.optim.AdamW(self.params, fused=True, **opt_kwargs)
         except (RuntimeError, ValueError):
             self.optimizer = torch.optim.AdamW(self.params, foreach=True, **opt_kwargs)
+        self.guard = UpdateGuard(
+            self.optimizer, self.params, a.max_grad_norm if a.max_grad_norm > 0 else None
+        )
+        self.schedule = self._schedule()
         self.sampler = PromptSampler(
             len(self.rows),
             seed,
@@ -151,7 +161,6 @@ class GRPOTrainer:
             "optimizer_steps": 0,
             "reward_invalid": 0,
             "groups_skipped_invalid": 0,
-            "nonfinite_updates": 0,
         }
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger: MetricsLogger | None = None
@@ -173,18 +182,20 @@ class GRPOTrainer:
             (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
 
     # ------------------------------------------------------------------ schedule
-    def lr_at(self, step: int) -> float:
+    def _schedule(self) -> Warmup:
+        """algo.lr_schedule over run.steps, after a warm-up of algo.warmup_steps."""
         a = self.cfg.algo
-        total = self.cfg.run.steps
         warm = a.warmup_steps
-        if step < warm:
-            return a.lr * (step + 1) / (warm + 1)
-        s, n = step - warm, max(1, total - warm)
+        n = max(1, self.cfg.run.steps - warm)
+        after: ConstantSchedule | LinearSchedule | CosineSchedule = ConstantSchedule(a.lr)
         if a.lr_schedule == "linear":
-            return LinearSchedule(a.lr, a.lr * a.min_lr_ratio, n)(s)
-        if a.lr_schedule == "cosine":
-            return CosineSchedule(a.lr, a.lr * a.min_lr_ratio, n)(s)
-        return a.lr
+            after = LinearSchedule(a.lr, a.lr * a.min_lr_ratio, n)
+        elif a.lr_schedule == "cosine":
+            after = CosineSchedule(a.lr, a.lr * a.min_lr_ratio, n)
+        return Warmup(after, warm, peak=a.lr)
+
+    def lr_at(self, step: int) -> float:
+        return self.schedule(step)
 
     # ------------------------------------------------------------------ sampling
     def _columns(self, idx: np.ndarray, G: int) -> dict[str, list[Any]]:
@@ -447,25 +458,16 @@ class GRPOTrainer:
                             wk = n_tok / tokens if k in _TOKEN_MEAN_STATS else w
                             stats_sum[k] = stats_sum.get(k, 0.0) + wk * v
                 if not finite:
-                    self.counters["nonfinite_updates"] += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    log.warning("step %d: non-finite loss; update skipped", self.step + 1)
+                    self.guard.skip()
+                    log.warning("step %d: non-finite loss; step skipped", self.step + 1)
                     continue
-                if a.max_grad_norm > 0:
-                    gnorm = torch.nn.utils.clip_grad_norm_(self.params, a.max_grad_norm)
-                else:
-                    gnorm = torch.linalg.vector_norm(
-                        torch.stack([p.grad.norm() for p in self.params if p.grad is not None])
-                    )
-                if not bool(torch.isfinite(gnorm)):
-                    self.counters["nonfinite_updates"] += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    log.warning("step %d: non-finite gradient; update skipped", self.step + 1)
+                stepped = self.guard.step([torch.tensor(loss_sum)])
+                if stepped is None:
+                    log.warning("step %d: non-finite gradient; step skipped", self.step + 1)
                     continue
-                self.optimizer.step()
                 self.counters["optimizer_steps"] += 1
                 count += 1
-                row = {"loss": loss_sum, "grad_norm": float(gnorm), **stats_sum}
+                row = {"loss": loss_sum, "grad_norm": stepped[-1], **stats_sum}
                 for k, v in row.items():
                     sums[k] = max(sums.get(k, v), v) if k.endswith("_max") else sums.get(k, 0.0) + v
         out = (
@@ -519,6 +521,7 @@ class GRPOTrainer:
         row["perf/update_seconds"] = t2 - t1
         row["perf/step_seconds"] = t2 - t0
         row["total/reward_invalid"] = self.counters["reward_invalid"]
+        row["nonfinite_steps"] = self.guard.nonfinite_steps
         row["total/generated_tokens"] = self.counters["generated_tokens"]
         return row
 
@@ -559,7 +562,13 @@ class GRPOTrainer:
         if self.logger is not None:
             self.logger.close()
             self.logger = None
-        return {"steps": self.step, "stopped_early": stopped, "history": history, **self.counters}
+        return {
+            "steps": self.step,
+            "stopped_early": stopped,
+            "history": history,
+            **self.counters,
+            "nonfinite_steps": self.guard.nonfinite_steps,
+        }
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -582,6 +591,7 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "step": self.step,
             "counters": dict(self.counters),
+            "guard": self.guard.state_dict(),
             "num_prompts": len(self.rows),
         }
 
@@ -616,7 +626,11 @@ class GRPOTrainer:
         self.sample_gen.set_state(rng["sample"])
         self.shuffle_gen.set_state(rng["shuffle"])
         self.step = int(ck["step"])
-        self.counters.update(ck["counters"])
+        counters = dict(ck["counters"])
+        # checkpoints before the shared guard counted skipped steps here
+        skipped = counters.pop("nonfinite_updates", 0)
+        self.counters.update(counters)
+        self.guard.load_state_dict(ck.get("guard", {"nonfinite_steps": skipped}))
         if self.run_dir is not None:
             if self.logger is not None:
                 self.logger.truncate_after(self.step)

@@ -1,4 +1,4 @@
-"""Episode statistics of a policy in the batched simulator.
+"""Episode statistics of a policy in the batched simulator (an act function and a VecEnv).
 
 Shared by checkpoint evaluation and by sim2sim evaluation of exported ONNX files,
 so both report the same numbers in the same way.

@@ -1,0 +1,91 @@
+"""What every on-policy algorithm shares: the runner's protocol and the config fields of
+a clipped policy-gradient update over rollouts (rollout length, epochs, minibatches,
+discounting, value loss, early stop). A learner's own config subclasses
+:class:`OnPolicyConfig`, redeclaring a field to change its default."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from training.config import FieldChecks
+from training.core import POLICY_LOSS_PRESETS
+
+__all__ = ["OnPolicyAlgorithm", "OnPolicyConfig"]
+
+
+class OnPolicyAlgorithm(Protocol):
+    """What the on-policy runner asks of an algorithm (rsl_rl's protocol)."""
+
+    policy: torch.nn.Module
+
+    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Actions for this env step; stores what the update needs."""
+
+    def process_env_step(
+        self,
+        next_obs: Mapping[str, torch.Tensor],
+        reward: torch.Tensor,
+        terminated: torch.Tensor,
+        truncated: torch.Tensor,
+        info: Mapping[str, Any],
+    ) -> None:
+        """Record the env's answer to the last act."""
+
+    def update(self) -> dict[str, float]:
+        """Learn from the full rollout; statistics for the log."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the policy's weights needed to continue exactly."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class OnPolicyConfig:
+    """Rollout, epochs and minibatches, discounting, clipping, value loss, early stop."""
+
+    num_steps: int = 24
+    """Env steps per env per rollout."""
+    num_epochs: int = 5
+    """Passes over each rollout."""
+    num_minibatches: int = 4
+    """Minibatches per pass (recurrent policies split envs, so at most num_envs)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.95
+    """GAE lambda."""
+    clip: float = 0.2
+    """Ratio clip range; replaces the loss preset's eps_low (and eps_high unless stated)."""
+    value_coef: float = 1.0
+    """Weight of the value loss."""
+    value_clip: float | None = 0.2
+    """Clip range of the clipped value loss; None: plain squared error."""
+    value_normalization: bool = False
+    """The critic regresses normalized returns (running statistics)."""
+    normalize_advantages: bool = True
+    """Normalize advantages over the rollout."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to it (None: no clipping)."""
+    target_kl: float | None = None
+    """Stop an update's epoch loop once a minibatch's KL exceeds it (None: never)."""
+    loss: str = "ppo"
+    """Policy-loss preset of the optimizer core (training.core.POLICY_LOSS_PRESETS)."""
+    seed: int = 0
+    """Seed of the minibatch shuffling."""
+
+    def check_common(self) -> FieldChecks:
+        """Validate the shared fields; the checker, for the subclass's own."""
+        check = FieldChecks(self)
+        check.ints("num_steps", "num_epochs", "num_minibatches")
+        check.finite("gamma", "lam", "clip", "value_coef")
+        check.within(0.0, 1.0, "gamma", "lam")
+        if not 0.0 < self.clip < 1.0:
+            raise check.fail("clip", "must be in (0, 1)")
+        check.nonnegative("value_coef")
+        check.positive_or_none("value_clip", "max_grad_norm", "target_kl")
+        check.one_of("loss", POLICY_LOSS_PRESETS)
+        return check

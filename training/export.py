@@ -1,0 +1,50 @@
+"""Export a training run's policy to ONNX: checkpoint -> (module, metadata) -> file.
+
+Any checkpoint kind of training.policy_kinds: its family builds the policy and its
+deployment metadata, and ``deploy.export.export_policy`` writes the checked file
+(tracing, checker, parity against torch, runtime load, atomic write). The family
+exporters that deploy/ cannot know (it imports no policy code) are registered here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from deploy.export import DEFAULT_OPSET, export_policy, register_exporter, registered_families
+from policies.diffusion import diffusion_exporter
+from training.checkpoint import find_checkpoint
+from training.policy_kinds import load_policy
+
+__all__ = ["default_onnx_path", "export_run"]
+
+if "diffusion" not in registered_families():
+    register_exporter("diffusion", diffusion_exporter)
+
+
+def default_onnx_path(source: str | os.PathLike[str]) -> Path:
+    """``<run-dir>/policy.onnx`` for a run directory or a checkpoint inside its
+    ``checkpoints/`` folder; else next to the checkpoint file."""
+    src = Path(source)
+    if src.is_dir():
+        return src / "policy.onnx"
+    ck_path = find_checkpoint(src)
+    if ck_path.parent.name == "checkpoints":
+        return ck_path.parent.parent / "policy.onnx"
+    return ck_path.with_suffix(".onnx")
+
+
+def export_run(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    opset: int = DEFAULT_OPSET,
+) -> Path:
+    """Export a run directory's latest checkpoint (or a checkpoint file) to ONNX.
+
+    Returns the path; the measured ONNX-vs-torch error is in the metadata's
+    ``extra[deploy.export.PARITY_KEY]``.
+    """
+    loaded = load_policy(source)
+    module = loaded.policy.inference_module().cpu()
+    return export_policy(module, loaded.metadata(), out or default_onnx_path(source), opset=opset)

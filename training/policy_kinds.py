@@ -1,0 +1,329 @@
+"""One registry from a checkpoint's kind to everything that uses the policy in it.
+
+A *policy family* (Gaussian actor-critic, diffusion, and the families that come next)
+says how to build its policy for an env, which policy fields fix the networks, how to
+act with its inference module in the simulator, and its deployment metadata. A
+*checkpoint kind* (``ppo``, ``diffusion_bc``, ``dppo``, ...) names the family, the train
+config its payload holds, and which weights are the trained policy. Loading, evaluating,
+exporting, collecting demonstrations and resuming all go through here, so a new learner
+adds one entry and every command knows its checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from deploy.metadata import PolicyMetadata
+from policies.diffusion import DiffusionPolicy
+from policies.gaussian import ActorCritic
+from sim.evaluation import ActFn, evaluate
+from sim.randomization import SimToRealConfig
+from sim.registry import make
+from training.actors import DiffusionActor, TorchActor
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
+from training.config import ConfigError, from_dict, to_dict
+from training.metadata import diffusion_metadata, metadata_from_checkpoint
+from training.train_configs import (
+    SAMPLER_FIELDS,
+    BCTrainConfig,
+    DPPOTrainConfig,
+    PPOTrainConfig,
+    build_dppo_config,
+)
+
+__all__ = [
+    "CHECKPOINT_KINDS",
+    "CheckpointKind",
+    "LoadedPolicy",
+    "PolicyFamily",
+    "architecture",
+    "check_architecture",
+    "dppo_config_from",
+    "evaluate_policy",
+    "load_policy",
+    "make_env",
+    "read_kind",
+]
+
+
+def make_env(
+    cfg: Any,
+    num_envs: int | None = None,
+    seed: int | None = None,
+    randomize: bool | None = None,
+    obs_history: int | None = None,
+):
+    """The task's batched env for a train config (its env and run sections).
+
+    obs_history: policy frames the simulator stacks (generative policies); None: the
+    task's own sim-to-real defaults decide.
+    """
+    randomize = cfg.env.randomize if randomize is None else randomize
+    s2r: SimToRealConfig | dict | None
+    if obs_history is None:
+        s2r = None if randomize else SimToRealConfig()
+    else:
+        s2r = (
+            {"obs_history": obs_history} if randomize else SimToRealConfig(obs_history=obs_history)
+        )
+    return make(
+        cfg.env.task,
+        num_envs or cfg.env.num_envs,
+        seed=cfg.run.seed if seed is None else seed,
+        device=cfg.run.device,
+        s2r=s2r,
+        num_threads=cfg.env.threads,
+        max_episode_steps=cfg.env.max_episode_steps,
+        **cfg.env.task_args,
+    )
+
+
+# ---------------------------------------------------------------------- families
+def _critic_size(env) -> int | None:
+    groups = env.observation_spec.groups
+    return groups["critic"].size if "critic" in groups else None
+
+
+def _gaussian_policy(cfg: Any, env) -> ActorCritic:
+    groups = env.observation_spec.groups
+    return ActorCritic(groups["policy"].size, _critic_size(env), env.action_spec.size, cfg.policy)
+
+
+def _diffusion_policy(cfg: Any, env) -> DiffusionPolicy:
+    return DiffusionPolicy(
+        env.observation_spec.groups["policy"].size,
+        env.action_spec.size,
+        cfg.policy,
+        env.action_spec.low,
+        env.action_spec.high,
+        critic_obs_size=_critic_size(env),
+    )
+
+
+def _gaussian_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
+    return TorchActor(policy, num_envs, policy_device(policy))
+
+
+def _diffusion_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
+    return DiffusionActor(policy, num_envs, deterministic, seed)
+
+
+def policy_device(policy: torch.nn.Module) -> torch.device:
+    return next(iter(policy.parameters())).device
+
+
+@dataclass(frozen=True)
+class PolicyFamily:
+    """How a family of policies is built, evaluated and described for deployment."""
+
+    name: str
+    build_policy: Callable[[Any, Any], torch.nn.Module]
+    """(train config, env) -> the policy, untrained."""
+    obs_history: Callable[[Any], int | None]
+    """The policy frames the simulator must stack for it (None: the task's own)."""
+    sampler_fields: tuple[str, ...]
+    """Policy config fields that do not change the networks (not part of the architecture)."""
+    actor: Callable[[Any, int, bool, int], ActFn]
+    """(policy, num_envs, deterministic, seed) -> act(obs, reset_mask) for evaluation."""
+    metadata: Callable[[Mapping[str, Any], Any], PolicyMetadata]
+    """(checkpoint payload, policy) -> deployment metadata."""
+
+
+def _gaussian_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
+    if "action_low" not in ck:  # checkpoints written before the payload carried them
+        cfg = config_from_checkpoint(ck)
+        env = make_env(cfg, num_envs=1, randomize=False)
+        try:
+            bounds = (env.action_spec.low.copy(), env.action_spec.high.copy())
+        finally:
+            env.close()
+    else:
+        bounds = (np.asarray(ck["action_low"]), np.asarray(ck["action_high"]))
+    return metadata_from_checkpoint(ck, action_bounds=bounds)
+
+
+GAUSSIAN = PolicyFamily(
+    "gaussian", _gaussian_policy, lambda cfg: None, (), _gaussian_actor, _gaussian_metadata
+)
+DIFFUSION = PolicyFamily(
+    "diffusion",
+    _diffusion_policy,
+    lambda cfg: cfg.policy.obs_history,
+    SAMPLER_FIELDS,
+    _diffusion_actor,
+    diffusion_metadata,
+)
+
+
+# ---------------------------------------------------------------------- checkpoint kinds
+def _weights(ck: Mapping[str, Any]) -> dict[str, Any]:
+    return ck["policy"]
+
+
+def _bc_weights(ck: Mapping[str, Any]) -> dict[str, Any]:
+    """The trained BC policy: the raw weights with the EMA ones in their place."""
+    if "policy_final" in ck:  # checkpoints written before the EMA was stored once
+        return ck["policy_final"]
+    return {**ck["policy"], **(ck["algorithm"].get("ema") or {})}
+
+
+@dataclass(frozen=True)
+class CheckpointKind:
+    """What a checkpoint of one kind holds."""
+
+    name: str
+    family: PolicyFamily
+    config_cls: type
+    """The train config saved in the payload's "config"."""
+    weights: Callable[[Mapping[str, Any]], dict[str, Any]] = _weights
+    """The trained policy's state dict in a payload."""
+
+
+CHECKPOINT_KINDS: dict[str, CheckpointKind] = {
+    "ppo": CheckpointKind("ppo", GAUSSIAN, PPOTrainConfig),
+    "diffusion_bc": CheckpointKind("diffusion_bc", DIFFUSION, BCTrainConfig, _bc_weights),
+    "dppo": CheckpointKind("dppo", DIFFUSION, DPPOTrainConfig),
+}
+
+
+def kind_of(ck: Mapping[str, Any], source: Any) -> CheckpointKind:
+    name = ck.get("kind")
+    if name not in CHECKPOINT_KINDS:
+        raise CheckpointError(
+            f"{source} is a {name!r} checkpoint; the known kinds are {sorted(CHECKPOINT_KINDS)}"
+        )
+    return CHECKPOINT_KINDS[name]
+
+
+def read_kind(source: str | os.PathLike) -> str | None:
+    """The `kind` a run directory's or checkpoint file's checkpoint declares."""
+    return load_checkpoint(find_checkpoint(source)).get("kind")
+
+
+def config_from_checkpoint(ck: Mapping[str, Any]) -> Any:
+    """The train config saved in a checkpoint, as this version's dataclass."""
+    kind = kind_of(ck, "checkpoint")
+    try:
+        return from_dict(kind.config_cls, ck["config"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"checkpoint config does not fit this version: {e}") from e
+
+
+def dppo_config_from(
+    init: str | os.PathLike,
+    task: str | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+) -> DPPOTrainConfig:
+    """The config of a DPPO run that starts from the diffusion run or checkpoint ``init``
+    (training.train_configs.build_dppo_config: its task and networks, the DPPO defaults,
+    the task's preset, then ``overrides``)."""
+    path = find_checkpoint(init)
+    ck = load_checkpoint(path)
+    kind = kind_of(ck, path)
+    if kind.family is not DIFFUSION:
+        raise ConfigError(
+            f"--init {init} is a {kind.name!r} run; DPPO starts from a diffusion policy "
+            f"(a bc or dppo run)"
+        )
+    return build_dppo_config(config_from_checkpoint(ck), str(init), task, overrides)
+
+
+def architecture(cfg: Any, env, family: PolicyFamily) -> dict[str, Any]:
+    """What a checkpoint must match to be loaded into a run of this config."""
+    return {
+        "task": cfg.env.task,
+        "obs": {g: s.size for g, s in env.observation_spec.groups.items()},
+        "actions": env.action_spec.size,
+        "policy": {k: v for k, v in to_dict(cfg.policy).items() if k not in family.sampler_fields},
+    }
+
+
+def check_architecture(saved: Mapping[str, Any], here: Mapping[str, Any], source: str) -> None:
+    for key in ("task", "obs", "actions", "policy"):
+        if saved.get(key) != here.get(key):
+            raise CheckpointError(
+                f"checkpoint {source} was trained with {key}={saved.get(key)!r}, "
+                f"but this run has {key}={here.get(key)!r}"
+            )
+
+
+# ---------------------------------------------------------------------- using a checkpoint
+@dataclass
+class LoadedPolicy:
+    """A trained policy with the config and payload it came from."""
+
+    policy: torch.nn.Module
+    cfg: Any
+    ck: dict[str, Any]
+    kind: CheckpointKind
+    path: Path
+
+    def make_env(self, num_envs: int, seed: int, randomize: bool = False):
+        return make_env(
+            self.cfg, num_envs, seed, randomize, obs_history=self.kind.family.obs_history(self.cfg)
+        )
+
+    def actor(self, num_envs: int, deterministic: bool = True, seed: int = 0) -> ActFn:
+        return self.kind.family.actor(self.policy, num_envs, deterministic, seed)
+
+    def evaluate(
+        self, episodes: int, seed: int = 0, randomize: bool = False, deterministic: bool = True
+    ) -> dict[str, Any]:
+        return evaluate_policy(
+            self.policy, self.cfg, self.kind.family, episodes, seed, randomize, deterministic
+        )
+
+    def metadata(self) -> PolicyMetadata:
+        return self.kind.family.metadata(self.ck, self.policy)
+
+
+def load_policy(
+    source: str | os.PathLike, device: str = "cpu", task: str | None = None
+) -> LoadedPolicy:
+    """The trained policy of a run directory or checkpoint file, in eval mode.
+
+    task: if given, the policy must have been trained on it.
+    """
+    path = find_checkpoint(source)
+    ck = load_checkpoint(path)
+    kind = kind_of(ck, path)
+    cfg = config_from_checkpoint(ck)
+    if task is not None and task != cfg.env.task:
+        raise CheckpointError(f"{source} holds a policy for task {cfg.env.task!r}, not {task!r}")
+    env = make_env(cfg, num_envs=1, obs_history=kind.family.obs_history(cfg))
+    try:
+        policy = kind.family.build_policy(cfg, env)
+    finally:
+        env.close()
+    policy.load_state_dict(kind.weights(ck))
+    policy.to(device).eval()
+    return LoadedPolicy(policy, cfg, ck, kind, path)
+
+
+def evaluate_policy(
+    policy: torch.nn.Module,
+    cfg: Any,
+    family: PolicyFamily,
+    episodes: int,
+    seed: int = 0,
+    randomize: bool = False,
+    deterministic: bool = True,
+) -> dict[str, Any]:
+    """Episode statistics of a policy's inference module in its task's env (one episode
+    per env, see sim.evaluation)."""
+    env = make_env(cfg, episodes, seed, randomize, obs_history=family.obs_history(cfg))
+    try:
+        was_training = policy.training
+        policy.eval()
+        stats = evaluate(family.actor(policy, env.num_envs, deterministic, seed), env, episodes)
+        policy.train(was_training)
+    finally:
+        env.close()
+    return stats

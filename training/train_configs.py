@@ -1,0 +1,234 @@
+"""The configs of every `sim2real train` command, and how each is built.
+
+A train config is a dataclass of sections: ``env`` and ``run`` are shared by every
+learner that steps the simulator; ``policy`` and the algorithm's own section (``ppo``,
+``dppo``, ``bc``) come from the learner. Each field is documented where it is declared
+(the line under it), which is what ``sim2real train <algo> --help`` prints.
+
+Building a config is always: the dataclass defaults, then the task's preset
+(training.presets), then the user's overrides, so the user always has the last word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from policies.diffusion import DiffusionConfig
+from policies.gaussian import ActorCriticConfig
+from sim.registry import task_options
+from training.algorithms.bc import BCConfig
+from training.algorithms.dppo import DPPOConfig
+from training.algorithms.ppo import PPOConfig
+from training.config import ConfigError, FieldChecks, apply_overrides
+from training.presets import DPPO_PRESETS, PPO_PRESETS
+
+__all__ = [
+    "BCRunConfig",
+    "BCTrainConfig",
+    "DPPOTrainConfig",
+    "EnvConfig",
+    "PPOTrainConfig",
+    "RunConfig",
+    "SAMPLER_FIELDS",
+    "build_bc_config",
+    "build_dppo_config",
+    "build_ppo_config",
+]
+
+
+@dataclass
+class EnvConfig:
+    """The simulated task the policy trains on."""
+
+    task: str = "cartpole"
+    """Task name (see `sim2real tasks`)."""
+    num_envs: int = 64
+    """Environments stepped in one batch."""
+    randomize: bool = True
+    """Train with the task's sim-to-real defaults (randomization, noise, latency, pushes);
+    false: the nominal model, no noise."""
+    max_episode_steps: int | None = None
+    """Episode length limit; None: the task's own."""
+    threads: int = 0
+    """Simulator threads; 0: all usable cores."""
+    task_args: dict[str, Any] = field(default_factory=dict)
+    """The task constructor's own options, e.g. {"command_vx": [0, 1]} for quadruped."""
+
+    def __post_init__(self) -> None:
+        if self.num_envs < 1:
+            raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
+        known = task_options(self.task)  # unknown task: a clear error now, not later
+        clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps"})
+        if clash:
+            raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
+        unknown = sorted(set(self.task_args) - known)
+        if unknown:
+            raise ValueError(
+                f"env.task_args: {self.task!r} has no option(s) {unknown}; known: {sorted(known)}"
+            )
+
+
+@dataclass
+class RunConfig:
+    """The run: seed, device, budget, checkpoints, evaluation, logging."""
+
+    seed: int = 0
+    """Seed of everything random in the run (envs, weights, sampling, shuffling)."""
+    device: str = "cpu"
+    """Torch device of the learner: cpu or cuda[:i]."""
+    total_steps: int = 1_000_000
+    """Env steps of the whole run, over all processes."""
+    checkpoint_every: int = 25
+    """Iterations between checkpoints (latest.pt; every 4th also kept as iter_N.pt)."""
+    eval_every: int = 0
+    """Iterations between deterministic evaluations during training; 0: only at the end."""
+    eval_episodes: int = 10
+    """Episodes of each evaluation."""
+    video: bool = True
+    """Render an MP4 of the final policy (offscreen) when the run ends."""
+    video_seconds: float = 8.0
+    """Length of that video."""
+    tensorboard: bool = True
+    """Write TensorBoard logs beside metrics.jsonl."""
+    progress: bool = True
+    """Show a progress bar."""
+    torch_threads: int = 1
+    """Torch threads on the CPU (0: torch's default). The simulator runs its own thread
+    pool, and small networks gain nothing from more threads but lose a lot when cores
+    are contended."""
+
+    def __post_init__(self) -> None:
+        check = FieldChecks(self)
+        check.ints("torch_threads", "eval_every", low=0)
+        check.ints("total_steps", "checkpoint_every", "eval_episodes")
+
+
+@dataclass
+class PPOTrainConfig:
+    """`sim2real train ppo`: a Gaussian actor-critic trained with PPO."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: ActorCriticConfig = field(default_factory=ActorCriticConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    algo: str = "ppo"
+    """The learner (fixed by the command)."""
+
+
+@dataclass
+class DPPOTrainConfig:
+    """`sim2real train dppo`: a pretrained diffusion policy fine-tuned with DPPO."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
+    policy: DiffusionConfig = field(default_factory=DiffusionConfig)
+    dppo: DPPOConfig = field(default_factory=DPPOConfig)
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
+    )
+    init: str = ""
+    """The pretrained diffusion run (train bc) or checkpoint to start from."""
+    algo: str = "dppo"
+    """The learner (fixed by the command)."""
+
+
+@dataclass
+class BCRunConfig:
+    """The behaviour-cloning run: seed, device, logging, checkpoints, evaluation."""
+
+    seed: int = 0
+    """Seed of the weights and of the minibatch draws."""
+    device: str = "cpu"
+    """Torch device: cpu or cuda[:i]."""
+    log_every: int = 100
+    """Updates between metric rows."""
+    checkpoint_every: int = 1000
+    """Updates between checkpoints."""
+    eval_every: int = 0
+    """Updates between evaluations in the simulator; 0: only at the end."""
+    eval_episodes: int = 10
+    """Episodes of each evaluation."""
+    video: bool = True
+    """Render an MP4 of the final policy (offscreen) when the run ends."""
+    video_seconds: float = 8.0
+    """Length of that video."""
+    tensorboard: bool = True
+    """Write TensorBoard logs beside metrics.jsonl."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        check = FieldChecks(self)
+        check.ints("log_every", "checkpoint_every", "eval_episodes")
+        check.ints("eval_every", low=0)
+
+
+@dataclass
+class BCTrainConfig:
+    """`sim2real train bc`: a diffusion policy pretrained on demonstrations."""
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(randomize=False))
+    policy: DiffusionConfig = field(default_factory=DiffusionConfig)
+    bc: BCConfig = field(default_factory=BCConfig)
+    run: BCRunConfig = field(default_factory=BCRunConfig)
+    data: str = ""
+    """The demonstration file (HDF5, `sim2real collect`)."""
+    algo: str = "bc"
+    """The learner (fixed by the command)."""
+
+
+# Policy fields a DPPO run may change after pretraining (the sampler, not the networks).
+SAMPLER_FIELDS = ("sampler", "sample_steps", "eta")
+
+
+def build_ppo_config(
+    task: str, overrides: list[str] | dict[str, Any] | None = None
+) -> PPOTrainConfig:
+    """Defaults, then the task's preset, then the user's overrides."""
+    cfg = PPOTrainConfig(env=EnvConfig(task=task))
+    cfg = apply_overrides(cfg, PPO_PRESETS.get(task, {}))
+    return apply_overrides(cfg, overrides or [])
+
+
+def build_bc_config(
+    task: str, data: str, overrides: list[str] | dict[str, Any] | None = None
+) -> BCTrainConfig:
+    cfg = BCTrainConfig(env=EnvConfig(task=task, randomize=False), data=str(data))
+    return apply_overrides(cfg, overrides or [])
+
+
+def build_dppo_config(
+    init_cfg: BCTrainConfig | DPPOTrainConfig,
+    init: str,
+    task: str | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+) -> DPPOTrainConfig:
+    """The pretrained run's task and policy, DPPO defaults, the task's preset, then the
+    overrides.
+
+    Only the sampler fields of ``policy`` (sampler, sample_steps, eta) may be overridden:
+    the networks are the pretrained ones.
+    """
+    if task is not None and task != init_cfg.env.task:
+        raise ConfigError(f"--init {init} was trained on task {init_cfg.env.task!r}, not {task!r}")
+    env = EnvConfig(
+        task=init_cfg.env.task,
+        num_envs=16,
+        randomize=False,
+        task_args=dict(init_cfg.env.task_args),
+    )
+    cfg = DPPOTrainConfig(env=env, policy=init_cfg.policy, init=str(init))
+    items = (
+        overrides.items()
+        if isinstance(overrides, dict)
+        else [o.split("=", 1) for o in (overrides or [])]
+    )
+    for key, _ in items:
+        k = key.strip().lstrip("-")
+        if k.startswith("policy.") and k.split(".", 1)[1] not in SAMPLER_FIELDS:
+            raise ConfigError(
+                f"{k}: a DPPO run keeps the pretrained networks; only policy."
+                f"{{{','.join(SAMPLER_FIELDS)}}} may change"
+            )
+    cfg = apply_overrides(cfg, DPPO_PRESETS.get(cfg.env.task, {}))
+    return apply_overrides(cfg, overrides or [])
