@@ -70,21 +70,15 @@ class EnvConfig:
 
 
 @dataclass
-class RunConfig:
-    """The run: seed, device, budget, checkpoints, evaluation, logging."""
+class RunOutputConfig:
+    """What every run shares: seed, device, evaluation and what it writes."""
 
     seed: int = 0
     """Seed of everything random in the run (envs, weights, sampling, shuffling)."""
     device: str = "cpu"
     """Torch device of the learner: cpu or cuda[:i]."""
-    total_steps: int = 1_000_000
-    """Env steps of the whole run, over all processes."""
-    checkpoint_every: int = 25
-    """Iterations between checkpoints (latest.pt; every 4th also kept as iter_N.pt)."""
-    eval_every: int = 0
-    """Iterations between deterministic evaluations during training; 0: only at the end."""
     eval_episodes: int = 10
-    """Episodes of each evaluation."""
+    """Episodes of each evaluation (deterministic policy)."""
     video: bool = True
     """Render an MP4 of the final policy (offscreen) when the run ends."""
     video_seconds: float = 8.0
@@ -93,6 +87,18 @@ class RunConfig:
     """Write TensorBoard logs beside metrics.jsonl."""
     progress: bool = True
     """Show a progress bar."""
+
+
+@dataclass
+class RunConfig(RunOutputConfig):
+    """The run: seed, device, budget, checkpoints, evaluation, logging."""
+
+    total_steps: int = 1_000_000
+    """Env steps of the whole run, over all processes."""
+    checkpoint_every: int = 25
+    """Iterations between checkpoints (latest.pt; every 4th also kept as iter_N.pt)."""
+    eval_every: int = 0
+    """Iterations between deterministic evaluations during training; 0: only at the end."""
     torch_threads: int = 1
     """Torch threads on the CPU (0: torch's default). The simulator runs its own thread
     pool, and small networks gain nothing from more threads but lose a lot when cores
@@ -133,29 +139,15 @@ class DPPOTrainConfig:
 
 
 @dataclass
-class BCRunConfig:
+class BCRunConfig(RunOutputConfig):
     """The behaviour-cloning run: seed, device, logging, checkpoints, evaluation."""
 
-    seed: int = 0
-    """Seed of the weights and of the minibatch draws."""
-    device: str = "cpu"
-    """Torch device: cpu or cuda[:i]."""
     log_every: int = 100
     """Updates between metric rows."""
     checkpoint_every: int = 1000
     """Updates between checkpoints."""
     eval_every: int = 0
     """Updates between evaluations in the simulator; 0: only at the end."""
-    eval_episodes: int = 10
-    """Episodes of each evaluation."""
-    video: bool = True
-    """Render an MP4 of the final policy (offscreen) when the run ends."""
-    video_seconds: float = 8.0
-    """Length of that video."""
-    tensorboard: bool = True
-    """Write TensorBoard logs beside metrics.jsonl."""
-    progress: bool = True
-    """Show a progress bar."""
 
     def __post_init__(self) -> None:
         check = FieldChecks(self)

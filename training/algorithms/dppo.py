@@ -28,7 +28,6 @@ and the value normalizer come from the core as well.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,18 +36,15 @@ from typing import Any
 import torch
 
 from policies.diffusion import DiffusionPolicy
-from training.algorithms.base import OnPolicyConfig
+from training.algorithms.base import OnPolicyConfig, OnPolicyLearnerState
 from training.core import (
     PolicyLossConfig,
-    UpdateGuard,
-    ValueNormalizer,
     gae,
     get_loss_config,
     kl_early_stop,
     policy_loss,
-    value_loss,
 )
-from training.storage import ChunkRolloutStorage, bootstrap_values
+from training.storage import ChunkRolloutStorage
 
 REDUCTIONS = ("mean", "sum")
 
@@ -130,7 +126,7 @@ class DPPOConfig(OnPolicyConfig):
         ]
 
 
-class DPPO:
+class DPPO(OnPolicyLearnerState):
     """The DPPO learner: acting with chunks, storage, and the update through the core.
 
     policy: a DiffusionPolicy (fine-tuning is enabled here with cfg.ft_steps). obs_sizes:
@@ -180,9 +176,6 @@ class DPPO:
             ],
             fused=True,
         )
-        self.value_normalizer = (
-            ValueNormalizer().to(self.device) if cfg.value_normalization else None
-        )
         if cfg.num_minibatches > cfg.num_steps * self.num_envs:
             raise ValueError(
                 f"DPPOConfig.num_minibatches ({cfg.num_minibatches}) exceeds the rollout "
@@ -198,13 +191,11 @@ class DPPO:
             self.action_size,
             self.device,
         )
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self._init_learner_state()
         n = self.num_envs
         self.position = torch.zeros(n, dtype=torch.long, device=self.device)
         self.current_chunk = torch.zeros(n, dtype=torch.long, device=self.device)
         self.chunk_actions = torch.zeros(n, self.act_steps, self.action_size, device=self.device)
-        self.guard = UpdateGuard(self.optimizer, self.params, cfg.max_grad_norm)
-        self.num_updates = 0
 
     # ------------------------------------------------------------------ log-probs
     def _reduce(self, logp: torch.Tensor) -> torch.Tensor:
@@ -249,10 +240,7 @@ class DPPO:
             self.chunk_actions[idx] = s.actions[:, : self.act_steps]
         rows = torch.arange(self.num_envs, device=self.device)
         actions = self.chunk_actions[rows, self.position]
-        values = self.policy.value(obs)
-        if self.value_normalizer is not None:
-            values = self.value_normalizer.denormalize(values)
-        st.add_row(obs, values, self.current_chunk, self.position)
+        st.add_row(obs, self._values(obs), self.current_chunk, self.position)
         return actions
 
     @torch.no_grad()
@@ -265,12 +253,7 @@ class DPPO:
         info: Mapping[str, Any] | None = None,
     ) -> None:
         """Record the env's answer; envs whose episode ended start a new chunk next."""
-        next_values = bootstrap_values(
-            self.policy.value,
-            next_obs,
-            info,
-            None if self.value_normalizer is None else self.value_normalizer.denormalize,
-        )
+        next_values = self._bootstrap(next_obs, info)
         terminated = terminated.to(torch.bool)
         dones = terminated | truncated.to(torch.bool)
         self.storage.add_env_step(reward, terminated, dones, next_values)
@@ -398,11 +381,7 @@ class DPPO:
             weights=self.weights,
             clip_scale=self.clip_scale,
         )
-        v = self.policy.value(obs)
-        if self.value_normalizer is not None:
-            target = self.value_normalizer.normalize(target)
-            old_v = self.value_normalizer.normalize(old_v)
-        vl = value_loss(v, old_v, target, clip_eps=cfg.value_clip)
+        vl = self._value_loss(self.policy.value(obs), old_v, target)
         loss = pl + cfg.value_coef * vl
         bc = torch.zeros((), device=self.device)
         if cfg.bc_coef > 0:
@@ -435,27 +414,8 @@ class DPPO:
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything but the policy's weights (the runner stores those once)."""
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "value_normalizer": None
-            if self.value_normalizer is None
-            else self.value_normalizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "num_updates": self.num_updates,
-            "guard": self.guard.state_dict(),
-            "config": dataclasses.asdict(self.cfg),
-        }
+        return self._learner_state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.value_normalizer is not None:
-            if state["value_normalizer"] is None:
-                raise ValueError("checkpoint has no value normalizer; value_normalization is on")
-            self.value_normalizer.load_state_dict(state["value_normalizer"])
-        self.generator.set_state(state["generator"])
-        self.num_updates = int(state["num_updates"])
-        # checkpoints before the shared guard kept the count under another name
-        self.guard.load_state_dict(
-            state.get("guard", {"nonfinite_steps": state.get("skipped_steps", 0)})
-        )
+        self._load_learner_state(state)
         self.storage.clear()

@@ -13,7 +13,6 @@ processes under torchrun.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -22,21 +21,18 @@ import torch
 
 from policies.base import Policy
 from policies.gaussian import gaussian_kl
-from training.algorithms.base import OnPolicyConfig
+from training.algorithms.base import OnPolicyConfig, OnPolicyLearnerState
 from training.core import (
     AdaptiveKL,
     ConstantSchedule,
     CosineSchedule,
     LinearSchedule,
     PolicyLossConfig,
-    UpdateGuard,
-    ValueNormalizer,
     get_loss_config,
     kl_early_stop,
     policy_loss,
-    value_loss,
 )
-from training.storage import Batch, RolloutStorage, bootstrap_values
+from training.storage import Batch, RolloutStorage
 
 SCHEDULES = ("adaptive", "fixed", "linear", "cosine")
 
@@ -102,7 +98,7 @@ class PPOConfig(OnPolicyConfig):
         )
 
 
-class PPO:
+class PPO(OnPolicyLearnerState):
     """PPO learner: owns the rollout storage, the optimizer and the rate schedule.
 
     policy: any Policy (e.g. policies.ActorCritic); it is moved to ``device``.
@@ -146,9 +142,6 @@ class PPO:
             self.schedule = CosineSchedule(
                 cfg.lr, cfg.lr_final, cfg.total_updates, cfg.warmup_updates
             )
-        self.value_normalizer = (
-            ValueNormalizer().to(self.device) if cfg.value_normalization else None
-        )
         hidden_shapes = None
         if policy.is_recurrent:
             policy.init_hidden(self.num_envs, self.device)
@@ -168,9 +161,7 @@ class PPO:
         self.storage = RolloutStorage(
             cfg.num_steps, self.num_envs, obs_sizes, action_size, self.device, hidden_shapes
         )
-        self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.guard = UpdateGuard(self.optimizer, self.params, cfg.max_grad_norm)
-        self.num_updates = 0
+        self._init_learner_state()
         self._set_lr(self.learning_rate)
 
     # ------------------------------------------------------------------ learning rate
@@ -205,7 +196,7 @@ class PPO:
             self.storage.set_hidden0(hidden)
         out = self.policy.act(obs)
         values = out.value
-        if self.value_normalizer is not None:
+        if self.value_normalizer is not None:  # the critic predicts normalized returns
             values = self.value_normalizer.denormalize(values)
         self.storage.add_action(obs, out.actions, out.log_prob, values, out.mean, out.std)
         return out.actions
@@ -226,12 +217,7 @@ class PPO:
         bootstraps from where the episode really was, and GAE drops the bootstrap of
         terminations. The recurrent state of ended episodes is reset afterwards.
         """
-        next_values = bootstrap_values(
-            self.policy.value,
-            next_obs,
-            info,
-            None if self.value_normalizer is None else self.value_normalizer.denormalize,
-        )
+        next_values = self._bootstrap(next_obs, info)
         terminated = terminated.to(torch.bool)
         dones = terminated | truncated.to(torch.bool)
         self.storage.add_env_step(reward, terminated, dones, next_values)
@@ -250,11 +236,9 @@ class PPO:
             self.loss_cfg,
             entropy=ev.entropy.reshape(-1),
         )
-        returns, old_values = batch.returns.reshape(-1), batch.values.reshape(-1)
-        if self.value_normalizer is not None:
-            returns = self.value_normalizer.normalize(returns)
-            old_values = self.value_normalizer.normalize(old_values)
-        vl = value_loss(ev.value.reshape(-1), old_values, returns, clip_eps=cfg.value_clip)
+        vl = self._value_loss(
+            ev.value.reshape(-1), batch.values.reshape(-1), batch.returns.reshape(-1)
+        )
         loss = pg + cfg.value_coef * vl
         with torch.no_grad():
             kl = gaussian_kl(batch.mean, batch.std, ev.mean, ev.std).mean()
@@ -343,19 +327,12 @@ class PPO:
         """Everything but the policy's weights (the runner stores those once) needed to
         continue exactly: optimizer, schedule, value statistics, shuffling, counters."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            **self._learner_state(),
             "schedule": {
                 "kind": self.cfg.schedule,
                 "adaptive": None if self.adaptive is None else self.adaptive.state_dict(),
                 "schedule": None if self.schedule is None else self.schedule.state_dict(),
             },
-            "value_normalizer": None
-            if self.value_normalizer is None
-            else self.value_normalizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "num_updates": self.num_updates,
-            "guard": self.guard.state_dict(),
-            "config": dataclasses.asdict(self.cfg),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -365,7 +342,7 @@ class PPO:
                 f"checkpoint was trained with schedule {sched['kind']!r}, this PPO uses "
                 f"{self.cfg.schedule!r}"
             )
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_learner_state(state)
         if self.adaptive is not None:
             self.adaptive.load_state_dict(sched["adaptive"])
         if self.schedule is not None:
@@ -374,13 +351,5 @@ class PPO:
                 # the length this run was configured with (derived from a step budget that
                 # a resume may have extended), not the saved one
                 self.set_schedule_length(self.cfg.total_updates)
-        if self.value_normalizer is not None:
-            if state["value_normalizer"] is None:
-                raise ValueError("checkpoint has no value normalizer; value_normalization is on")
-            self.value_normalizer.load_state_dict(state["value_normalizer"])
-        self.generator.set_state(state["generator"])
-        self.num_updates = int(state["num_updates"])
-        # checkpoints before the shared guard counted rollbacks instead
-        self.guard.load_state_dict(state.get("guard", {"nonfinite_steps": 0}))
         self.storage.clear()
         self._set_lr(self.learning_rate)
