@@ -64,7 +64,8 @@ _EXPORTERS: dict[str, Exporter] = {}
 
 
 class ExportError(RuntimeError):
-    """The export failed: no exporter for the family, or the ONNX graph disagrees with torch."""
+    """The export failed: no exporter for the family, a non-finite weight or output, or the
+    ONNX graph disagrees with torch."""
 
 
 # ---------------------------------------------------------------------- registry
@@ -155,13 +156,16 @@ def export_policy(
 ) -> Path:
     """Export an inference module with its metadata to ``out_path``; return the path.
 
-    Steps: wrap the module with the exporter of ``meta.policy_family``; trace it with
+    Steps: refuse a module with a non-finite parameter or floating-point buffer (the
+    error names the first one); wrap the module with the exporter of
+    ``meta.policy_family`` (its own tensors checked the same way); trace it with
     the TorchScript exporter (dynamic batch axis on every input and output); pin the
     graph's declared shapes to ``[batch, *fixed]``; ``onnx.checker.check_model(
     full_check=True)``; run onnxruntime and torch on random inputs (batch sizes
-    ``parity_batch`` and 1) and raise :class:`ExportError` if any output differs by more
-    than :data:`PARITY_TOLERANCE`; store the metadata (``opset`` recorded, the measured
-    error under ``extra[PARITY_KEY]``); load the file with :class:`deploy.runtime.
+    ``parity_batch`` and 1) and raise :class:`ExportError` if any output is not finite
+    in either (naming the output) or differs by more than :data:`PARITY_TOLERANCE`;
+    store the metadata (``opset`` recorded, the measured error under
+    ``extra[PARITY_KEY]``); load the file with :class:`deploy.runtime.
     OnnxPolicy` as the robot will; and only then move it into place atomically, so a
     failed export never leaves a file at ``out_path``.
     """
@@ -180,7 +184,9 @@ def export_policy(
         )
     meta = dataclasses.replace(meta, opset=int(opset), extra=dict(meta.extra))
     inference_module = inference_module.cpu().eval()  # export on the CPU, in eval mode
+    _check_finite_tensors(inference_module, "the inference module")
     wrapper = _EXPORTERS[family](inference_module, meta).eval()
+    _check_finite_tensors(wrapper, f"the {family!r} exporter's wrapper")
     input_shapes = _input_shapes(meta)
     output_shapes = _output_shapes(meta)
     _check_module_sizes(inference_module, meta)
@@ -266,6 +272,28 @@ def _check_module_sizes(module: nn.Module, meta: PolicyMetadata) -> None:
         )
 
 
+def _check_finite_tensors(module: nn.Module, what: str) -> None:
+    """Refuse a module with a NaN or infinite parameter or floating-point buffer.
+
+    A non-finite weight makes a network whose every output is NaN (or one that is NaN
+    for some inputs only); such a file would load, pass a parity check that compares
+    NaN with NaN, and leave the robot's safety layer to replace every action.
+    """
+    for kind, named in (("parameter", module.named_parameters), ("buffer", module.named_buffers)):
+        for name, tensor in named():
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue  # integer counters cannot be NaN
+            finite = torch.isfinite(tensor.detach())
+            if bool(finite.all()):
+                continue
+            bad = int(finite.numel() - int(finite.sum()))
+            raise ExportError(
+                f"{kind} {name!r} of {what} has {bad} non-finite value(s) (NaN or inf) of "
+                f"{tensor.numel()}; refusing to export a policy that cannot compute finite "
+                "actions (was the checkpoint saved after a diverged update?)"
+            )
+
+
 def _random_inputs(
     module: nn.Module, shapes: Mapping[str, tuple[int, ...]], batch: int, seed: int
 ) -> dict[str, torch.Tensor]:
@@ -310,10 +338,21 @@ def _parity(
         w = w.detach().cpu().numpy()
         if g.shape != w.shape:
             raise ExportError(f"output {name!r}: ONNX shape {g.shape}, torch shape {w.shape}")
+        # checked before the difference: max(0.0, nan) is 0.0, so a NaN policy would
+        # otherwise export with "parity 0"
+        for where, values in (("ONNX", g), ("torch", w)):
+            finite = np.isfinite(values)
+            if not finite.all():
+                raise ExportError(
+                    f"output {name!r} is not finite in {where}: {int(finite.size - finite.sum())}"
+                    f" of {finite.size} values are NaN or inf on random inputs (batch "
+                    f"{values.shape[0] if values.ndim else 1}); refusing to export a policy "
+                    "that does not compute finite actions"
+                )
         diff = np.abs(g.astype(np.float64) - w.astype(np.float64))
         error = max(error, float(diff.max()) if diff.size else 0.0)
-        if not np.isfinite(error):
-            raise ExportError(f"output {name!r} is not finite in ONNX or torch")
+        if not np.isfinite(error):  # finite outputs whose difference overflows float64
+            raise ExportError(f"output {name!r}: ONNX and torch differ by {error}")
     return error
 
 

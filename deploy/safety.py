@@ -21,13 +21,32 @@ last, but keeps the arithmetic finite (no ``1e308 - (-1e308) = inf``) and makes 
 ramp blend toward a reachable target. Every intervention is counted in
 :attr:`SafetyLayer.counters` (once per call, however many joints it touched).
 
-Times are seconds on one monotonic clock chosen by the caller (e.g. ROS time); a NaN
-time counts as stale.
+Times are seconds on one monotonic clock chosen by the caller (e.g. ROS time). Every
+timestamp the layer is given is checked before it is used, and a rejected one is counted
+("bad_time") and never makes anything fresh:
+
+- a time that is not finite (NaN, inf, -inf);
+- a time earlier than the last accepted one: for :meth:`SafetyLayer.filter` and
+  :meth:`SafetyLayer.activate`, the last accepted filter or activation time; for
+  :meth:`SafetyLayer.observe`, the last observation time it accepted;
+- an observation stamped later than the time of the next :meth:`SafetyLayer.filter`
+  call (from the future): it is judged there, and the last valid observation stays.
+
+Ages are computed from accepted times only, so they are never negative and a single
+bad timestamp (``observe(1e12)``, a clock that jumps back) cannot keep the watchdog
+quiet. A :meth:`SafetyLayer.filter` call whose own time is rejected never passes the
+policy's target: a non-finite time is stale (the safe posture, "watchdog"); a time
+earlier than the last accepted one holds the last output (the safe posture if
+``hold_last_on_fault`` is False) while the watchdog's budget lasts, measured from the
+last accepted call plus the time the caller's clock has advanced since it went back,
+and sends the safe posture ("watchdog") after that or if that clock goes back again.
+A new time line (a simulator reset) needs a new layer.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,14 +86,18 @@ COUNTER_NAMES = (
     "nonfinite_action",
     "rate_limited",
     "clamped",
+    "bad_time",
 )
+"""Names of :attr:`SafetyLayer.counters`. ``bad_time`` counts rejected timestamps (see the
+module docstring); the others count the calls in which their rule intervened."""
+
+_INF = math.inf
+_LOWEST = -sys.float_info.max  # below every finite time: the first check rejects -inf only
 
 
 _any = np.logical_or.reduce  # ndarray.any() minus a Python-level wrapper
 _all = np.logical_and.reduce
 _max = np.maximum.reduce
-
-
 
 
 def _vector(name: str, value: Any, size: int | None = None) -> np.ndarray:
@@ -200,7 +223,14 @@ class SafetyLayer:
         self._has_output = False
         self._active = False
         self._ramp_t0 = 0.0
-        self._last_obs_t: float | None = None
+        # The clocks (see the module docstring); all plain floats, so that the checks on
+        # the hot path are a few comparisons and allocate nothing.
+        self._clock = _LOWEST  # the last accepted filter/activation time
+        self._obs_t = math.nan  # the last accepted observation time (NaN: none, stale)
+        self._obs_pending: float | None = None  # observed, not yet judged by a filter time
+        self._obs_floor = _LOWEST  # the next observation may not be earlier than this
+        self._back_t0: float | None = None  # first time of a run of calls timed backwards
+        self._back_t = 0.0  # the latest time of that run
         self._stale = True
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
 
@@ -219,8 +249,9 @@ class SafetyLayer:
     def counters(self) -> dict[str, int]:
         """Event counts since construction or :meth:`reset_counters` (a copy).
 
-        ``steps`` counts calls of :meth:`filter`; the others count calls in which the
-        named rule intervened.
+        ``steps`` counts calls of :meth:`filter`; ``bad_time`` counts rejected
+        timestamps (of :meth:`observe`, :meth:`filter` and :meth:`activate`); the others
+        count calls in which the named rule intervened.
         """
         return dict(self._counters)
 
@@ -236,11 +267,20 @@ class SafetyLayer:
         and finite, else from the last output, else from the safe posture. Calling it
         while already active does nothing, so a repeated "start" command cannot restart
         the ramp mid-motion.
+
+        A non-finite ``now_s`` raises ValueError; one earlier than the last time
+        accepted by :meth:`filter` or :meth:`activate` is refused: counted as
+        ``bad_time``, and the layer stays inactive (check :attr:`active`).
         """
         if self._active:
             return
         if not math.isfinite(now_s):
+            self._counters["bad_time"] += 1
             raise ValueError(f"activation time must be finite, got {now_s}")
+        now_s = float(now_s)
+        if now_s < self._clock:
+            self._counters["bad_time"] += 1  # the clock went back: no ramp from that time
+            return
         if current_pos is not None:
             pos = np.asarray(current_pos, dtype=np.float64).reshape(-1)
             if pos.shape != self._out.shape:
@@ -251,6 +291,12 @@ class SafetyLayer:
         if not self._has_output:
             self._out[:] = self._posture
             self._has_output = True
+        self._clock = now_s
+        self._back_t0 = None
+        pending = self._obs_pending
+        if pending is not None and pending <= now_s:  # not from the future: accept it
+            self._obs_t = pending
+            self._obs_pending = None
         self._active = True
         self._stale = False  # the watchdog decides at the next filter()
         self._start_ramp(now_s)
@@ -260,8 +306,18 @@ class SafetyLayer:
         self._active = False
 
     def observe(self, now_s: float) -> None:
-        """Record that a fresh observation arrived at ``now_s`` (feeds the watchdog)."""
-        self._last_obs_t = float(now_s)
+        """Record that a fresh observation arrived at ``now_s`` (feeds the watchdog).
+
+        A time that is not finite, or earlier than the last observation time accepted,
+        is counted as ``bad_time`` and ignored; one later than the time of the next
+        :meth:`filter` call is rejected there (from the future).
+        """
+        t = float(now_s)
+        if self._obs_floor <= t < _INF:  # False for NaN, inf and -inf
+            self._obs_pending = t
+            self._obs_floor = t
+        else:
+            self._counters["bad_time"] += 1
 
     # ------------------------------------------------------------------ filter
     def filter(self, obs: np.ndarray | None, target: np.ndarray, now_s: float) -> np.ndarray:
@@ -271,7 +327,8 @@ class SafetyLayer:
             obs: the observation the target was computed from, checked for non-finite
                 values; None skips that check.
             target: the policy's joint position targets (``[num_joints]``).
-            now_s: current time, seconds.
+            now_s: current time, seconds (a rejected time never passes the target: see
+                the module docstring).
 
         Returns:
             A new array, finite and within ``[joint_pos_lower, joint_pos_upper]``.
@@ -284,12 +341,31 @@ class SafetyLayer:
         c["steps"] += 1
         out = self._out
 
+        timed = self._clock <= now_s < _INF  # finite and not earlier than the last time
+        if timed:
+            self._clock = now_s
+            self._back_t0 = None
+            pending = self._obs_pending
+            if pending is not None:
+                self._obs_pending = None
+                if pending <= now_s:
+                    self._obs_t = pending
+                else:  # stamped later than now: from the future, rejected
+                    c["bad_time"] += 1
+                    obs_t = self._obs_t
+                    self._obs_floor = obs_t if obs_t == obs_t else _LOWEST
+        else:
+            c["bad_time"] += 1
+
         if not self._active:
             c["inactive"] += 1
             return self._emit_posture()
+        if not timed:
+            return self._untimed(now_s)
 
-        age = now_s - self._last_obs_t if self._last_obs_t is not None else math.nan
-        if not age <= self.config.watchdog_timeout_s:  # NaN (no obs, NaN clock) is stale
+        # Both times accepted, so the age is >= 0 (NaN when nothing was observed yet).
+        age = now_s - self._obs_t
+        if not age <= self.config.watchdog_timeout_s:  # NaN (no observation) is stale
             c["watchdog"] += 1
             self._stale = True
             return self._emit_posture()
@@ -377,6 +453,32 @@ class SafetyLayer:
         return clamped, rate_limited, not (blended or rate_limited)
 
     # ------------------------------------------------------------------ helpers
+    def _untimed(self, now_s: float) -> np.ndarray:
+        """The output of an active :meth:`filter` call whose time was rejected.
+
+        Never the policy's target. A non-finite time, a stale layer, a clock that went
+        back again, or the watchdog's budget spent (the age at the last accepted call
+        plus how far the caller's clock has advanced since it went back, a lower bound
+        on the real age): the safe posture, counted as "watchdog". Otherwise the last
+        output is held (the safe posture if ``hold_last_on_fault`` is False).
+        """
+        c = self._counters
+        expired = True
+        if math.isfinite(now_s) and not self._stale:
+            if self._back_t0 is None:  # the first call since the clock went back
+                self._back_t0 = self._back_t = now_s
+            if now_s >= self._back_t:
+                self._back_t = now_s
+                age = (self._clock - self._obs_t) + (now_s - self._back_t0)
+                expired = not age <= self.config.watchdog_timeout_s  # NaN: no observation
+        if expired:
+            c["watchdog"] += 1
+            self._stale = True
+            return self._emit_posture()
+        if not self.config.hold_last_on_fault:
+            return self._emit_posture()
+        return self._out.copy()
+
     def _emit_posture(self) -> np.ndarray:
         self._out[:] = self._posture
         self._has_output = True

@@ -14,6 +14,12 @@ itself. The safety layer works on targets; the simulator, like the training loop
 the raw action (the quadruped maps it to PD targets itself), so the filtered target is
 turned back into a raw action before the step.
 
+Before anything runs, the file is checked against the task (:func:`make_env_for`):
+observation layout, action size, joint order, control period, and the robot description
+the metadata was made of (action scale and offset, default joint positions, PD gains,
+within a relative 1e-6), so that an edited file or one for another robot is refused
+rather than evaluated as if it were the original.
+
 By default sim2sim disables the ramp-in and the rate limit, so that on the same seeds
 the closed-loop return equals the checkpoint's; the clamps, non-finite checks and the
 watchdog stay on. ``strict_safety=True`` uses the metadata's defaults (what the robot
@@ -133,7 +139,12 @@ def _numpy(x: Any) -> np.ndarray:
 
 
 def make_env_for(meta: PolicyMetadata, task: str | None, num_envs: int, seed: int, randomize: bool):
-    """The simulator the policy runs in, checked against the file's metadata."""
+    """The simulator the policy runs in, checked against the file's metadata.
+
+    Raises :class:`Sim2SimError` when the task's observation layout, action size, joint
+    order, control period or robot description (action scale and offset, default joint
+    positions, PD gains) differ from the file's.
+    """
     from sim.randomization import SimToRealConfig
     from sim.registry import make
 
@@ -185,6 +196,60 @@ def _check_env(meta: PolicyMetadata, env: Any, task: str) -> None:
             f"joint order mismatch: the policy file drives {meta.action_joint_names}, task "
             f"{task!r} has {list(env.action_spec.joint_names)}"
         )
+    _check_robot(meta, env, task)
+
+
+ROBOT_FIELDS = ("action_scale", "action_offset", "default_joint_pos", "kp", "kd")
+"""Metadata fields that must equal the task's robot description (``env.robot``)."""
+
+ROBOT_RTOL = 1e-6
+"""Relative tolerance of the comparison with the robot (the values travel as JSON)."""
+
+
+def _check_robot(meta: PolicyMetadata, env: Any, task: str) -> None:
+    """The metadata's robot fields against ``env.robot``, the description it was made of.
+
+    ``deploy``'s side reads the joint target as ``action_offset + action_scale * raw`` and
+    the safety layer filters that target, then turns it back into the raw action the
+    simulator takes; a file whose scale, offset, default pose or gains were edited (or
+    come from another robot) would otherwise evaluate exactly like the original (an
+    action_scale of 0 even bypasses the safety filter). The training metadata copies
+    these fields from ``env.robot`` (torque-controlled tasks: scale 1, offset 0, gains
+    0), so they must agree within :data:`ROBOT_RTOL`; the control period too.
+    """
+    robot = env.robot
+    period = float(env.dt)
+    if not math.isclose(meta.control_period_s, period, rel_tol=1e-9):
+        raise Sim2SimError(
+            f"control period mismatch: the policy runs at {meta.control_period_s} s, task "
+            f"{task!r} at {period} s"
+        )
+    names = list(meta.action_joint_names)
+    for field in ROBOT_FIELDS:
+        got = np.asarray(getattr(meta, field), dtype=np.float64).reshape(-1)
+        want = np.asarray(getattr(robot, field), dtype=np.float64).reshape(-1)
+        if got.shape != want.shape:
+            raise Sim2SimError(
+                f"{field} mismatch: the policy file has {got.size} values, the robot of "
+                f"task {task!r} {want.size}"
+            )
+        close = np.isclose(got, want, rtol=ROBOT_RTOL, atol=0.0)
+        if close.all():
+            continue
+        i = int(np.flatnonzero(~close)[0])
+        joint = names[i] if i < len(names) else str(i)
+        others = int((~close).sum()) - 1
+        more = f" (and {others} other joint(s))" if others else ""
+        raise Sim2SimError(
+            f"{field} mismatch: the policy file has {field} {got[i]:.9g} for joint "
+            f"{joint!r}{more}, the robot of task {task!r} has {want[i]:.9g}; file "
+            f"{_floats(got)}, robot {_floats(want)} (an edited file, or a policy for "
+            "another robot)"
+        )
+
+
+def _floats(values: np.ndarray) -> str:
+    return "[" + ", ".join(f"{v:.6g}" for v in values) + "]"
 
 
 def evaluate_onnx(
@@ -219,13 +284,8 @@ def evaluate_onnx(
     except PolicyLoadError as exc:
         raise Sim2SimLoadError(str(exc)) from exc
     meta = policy.metadata
-    env = make_env_for(meta, task, episodes, seed, randomize)
+    env = make_env_for(meta, task, episodes, seed, randomize)  # checked against the file
     try:
-        if not math.isclose(env.dt, meta.control_period_s, rel_tol=1e-9):
-            raise Sim2SimError(
-                f"control period mismatch: the policy runs at {meta.control_period_s} s, task "
-                f"{env.name!r} at {env.dt} s"
-            )
         actor = Sim2SimActor(
             policy, env.num_envs, env.dt, safety=safety, strict_safety=strict_safety
         )

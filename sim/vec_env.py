@@ -56,6 +56,38 @@ def joint_indices_of(model: mujoco.MjModel, joint_names: tuple[str, ...]) -> Joi
     )
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel says a new allocation can use (MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_memory(model: mujoco.MjModel, num_envs: int, task: str) -> None:
+    """Refuse at once a batch whose simulator state cannot fit in memory, with the
+    estimate, instead of allocating for minutes and failing (or swapping) later.
+
+    The estimate is a lower bound: MjData's buffer (the state and everything the step
+    writes) per env, without MuJoCo's arena or the observation buffers.
+    """
+    available = available_memory()
+    if available is None:
+        return
+    per_env = mujoco.MjData(model).nbuffer
+    need = per_env * num_envs
+    if need > available:
+        raise ValueError(
+            f"num_envs={num_envs} of task {task!r} needs at least {need / 2**30:.1f} GiB for "
+            f"the simulator state ({per_env / 1024:.1f} KiB per env), but {available / 2**30:.1f}"
+            f" GiB of memory are available; use at most {available // per_env:,} envs"
+        )
+
+
 class MujocoVecEnv:
     """N copies of one MuJoCo task, stepped in native code, batched end to end.
 
@@ -94,6 +126,7 @@ class MujocoVecEnv:
             self.max_episode_steps = int(max_episode_steps)
         self.s2r = s2r if s2r is not None else self.default_s2r()
         self.model = self._task_model()
+        check_memory(self.model, self.num_envs, self.name)
         self.engine = make_engine(self.model, self.num_envs, num_threads, rne_post=self.rne_post)
         self.physics_dt = float(self.model.opt.timestep)
         self.dt = self.physics_dt * self.frame_skip  # control period

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import numpy_helper
 
 from training.cli import main
 from training.runner import OnPolicyRunner
@@ -71,6 +73,9 @@ def test_eval_of_the_exported_file(exported, capsys):
     assert main(["eval", str(run), "--episodes", "3", "--seed", "1", "--json"]) == 0
     want = json.loads(capsys.readouterr().out)
     assert got.pop("source") == str(onnx_path) and want.pop("source") == str(run)
+    safety = got.pop("safety")  # an ONNX file runs through the safety layer: its counts
+    assert "safety" not in want
+    assert safety["steps"] >= sum(got["lengths"]) and safety["nonfinite_action"] == 0
     assert got.pop("task") == want.pop("task") == "cartpole"
     # each episode is reported, and the summary is made of them
     for stats in (got, want):
@@ -170,3 +175,82 @@ def test_exit_status_of_a_real_process(exported, tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "truncated or corrupted" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------- a NaN policy
+def _nan_policy(src: Path, dst: Path) -> Path:
+    """The exported file with one weight matrix rewritten to NaN, metadata untouched (so
+    the export's own refusal of non-finite weights is not in the way)."""
+    model = onnx.load(str(src))
+    init = next(t for t in model.graph.initializer if len(t.dims) == 2)
+    values = numpy_helper.to_array(init)
+    init.CopyFrom(numpy_helper.from_array(np.full_like(values, np.nan), init.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+def test_eval_reports_the_safety_counters(exported, capsys):
+    _, onnx_path = exported
+    assert main(["eval", str(onnx_path), "--episodes", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("cartpole: return")
+    assert lines[1].startswith("safety: steps ")
+    assert "nonfinite_action 0" in lines[1] and "watchdog 0" in lines[1]
+    assert "clamped" in lines[1] and "bad_time 0" in lines[1]
+
+
+def test_eval_of_a_nan_policy_fails_with_status_3(exported, tmp_path, capsys):
+    """It used to report rc 0 and a finite return: the safety layer held every action."""
+    _, onnx_path = exported
+    nan_path = _nan_policy(onnx_path, tmp_path / "nan.onnx")
+    assert main(["eval", str(nan_path), "--episodes", "2"]) == 3
+    captured = capsys.readouterr()
+    safety_line = captured.out.splitlines()[1]
+    assert safety_line.startswith("safety: steps ")
+    steps = int(safety_line.split("steps ")[1].split(",")[0])
+    assert steps > 0 and f"nonfinite_action {steps}" in safety_line  # every single step
+    assert captured.err.startswith("sim2real eval: error: the policy output non-finite actions")
+    assert f"in {steps} of {steps} " in captured.err
+
+    assert main(["eval", str(nan_path), "--episodes", "2", "--json"]) == 3
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out)
+    assert stats["safety"]["nonfinite_action"] == stats["safety"]["steps"] == steps
+    assert "non-finite actions" in captured.err
+
+
+def test_evaluate_source_always_reports_the_safety_layer(exported, tmp_path):
+    from training.artifacts import evaluate_source
+
+    _, onnx_path = exported
+    stats = evaluate_source(_nan_policy(onnx_path, tmp_path / "nan.onnx"), episodes=1)
+    assert set(stats["safety"]) >= {"steps", "nonfinite_action", "watchdog", "clamped"}
+    assert stats["safety"]["nonfinite_action"] == stats["safety"]["steps"] > 0
+
+
+def test_nan_policy_exit_status_of_a_real_process(exported, tmp_path):
+    _, onnx_path = exported
+    nan_path = _nan_policy(onnx_path, tmp_path / "nan.onnx")
+    code = "import sys; from training.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "eval", str(nan_path), "--episodes", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "non-finite actions" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_eval_of_a_file_edited_for_another_robot_is_an_error(exported, tmp_path, capsys):
+    _, onnx_path = exported
+
+    def scale_zero(props):
+        return {**props, "sim2real.action_scale": "[0.0]"}
+
+    path = _edit_props(onnx_path, tmp_path / "scale0.onnx", scale_zero)
+    assert main(["eval", str(path), "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim2real eval: error: action_scale mismatch")
+    assert "'cartpole' has 1" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,84 @@ def test_metadata_that_does_not_fit_the_module(tmp_path):
     with pytest.raises(ExportError, match="'recurrent'"):
         export_policy(module, _meta(module, policy_family="recurrent"), tmp_path / "p.onnx")
     assert not (tmp_path / "p.onnx").exists()
+
+
+# ---------------------------------------------------------------------- non-finite
+def _first_weight(module: nn.Module) -> str:
+    return next(name for name, p in module.named_parameters() if p.dim() > 1)
+
+
+def test_export_refuses_nan_weights(tmp_path):
+    module = _module(4, 1)
+    name = _first_weight(module)
+    with torch.no_grad():
+        module.get_parameter(name)[0, 0] = math.nan
+    out = tmp_path / "p.onnx"
+    with pytest.raises(ExportError, match=rf"parameter '{re.escape(name)}'.*non-finite"):
+        export_policy(module, _meta(module), out)
+    assert list(tmp_path.iterdir()) == []  # nothing left behind
+
+
+def test_export_refuses_all_nan_network(tmp_path):
+    """The issue's case: an all-NaN network used to export with 'parity 0'."""
+    module = _module(4, 1)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(math.nan)
+    with pytest.raises(ExportError, match="non-finite"):
+        export_policy(module, _meta(module), tmp_path / "p.onnx")
+    assert not (tmp_path / "p.onnx").exists()
+
+
+def test_export_refuses_infinite_buffers(tmp_path):
+    module = _module(4, 1)
+    with torch.no_grad():
+        module.normalizer.var[1] = math.inf
+    with pytest.raises(ExportError, match=r"buffer 'normalizer\.var'"):
+        export_policy(module, _meta(module), tmp_path / "p.onnx")
+
+
+class _BadOutput(nn.Module):
+    """Finite weights, non-finite outputs (for all or for some inputs)."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        y = self.lin(obs)
+        if self.kind == "nan":
+            return y * math.nan
+        if self.kind == "inf":
+            return y / torch.zeros_like(y)
+        return torch.log(obs[:, :1])  # NaN for the negative observations only
+
+
+def _toy_meta() -> PolicyMetadata:
+    return PolicyMetadata(
+        policy_family="gaussian_mlp",
+        obs_terms=[("o", 4)],
+        action_joint_names=["a"],
+        action_scale=[1.0],
+        action_offset=[0.0],
+        default_joint_pos=[0.0],
+        kp=[0.0],
+        kd=[0.0],
+        joint_pos_lower=[-1.0],
+        joint_pos_upper=[1.0],
+        control_period_s=0.02,
+    )
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "sometimes"])
+def test_export_refuses_nonfinite_outputs(tmp_path, kind):
+    out = tmp_path / "p.onnx"
+    with pytest.raises(ExportError, match=r"output 'actions' is not finite"):
+        export_policy(_BadOutput(kind), _toy_meta(), out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_of_a_finite_toy_module_still_works(tmp_path):
+    path = export_policy(nn.Linear(4, 1), _toy_meta(), tmp_path / "p.onnx")
+    assert read_parity(path) <= TOL

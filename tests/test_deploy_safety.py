@@ -209,6 +209,7 @@ def test_counters_and_reset():
         "nonfinite_action": 1,
         "rate_limited": 1,
         "clamped": 1,
+        "bad_time": 0,
     }
     layer.reset_counters()
     assert set(layer.counters.values()) == {0}
@@ -342,3 +343,232 @@ def test_rate_limit_holds_for_every_step(targets, delta, ramp):
         out = layer.filter(None, np.array(target), now)
         assert (np.abs(out - prev) <= delta * (1 + 1e-12)).all()
         prev = out
+
+
+# ---------------------------------------------------------------------- timestamps
+TARGET = np.array([0.3, -0.7])
+
+
+def test_future_observation_time_cannot_disable_the_watchdog():
+    """The issue's case: after observe(1e12), no data for 1000 s used to stay 'fresh'."""
+    layer = active()  # observed at 0, watchdog 0.1 s
+    layer.observe(1e12)
+    # the observation from the future is rejected; the one at 0 is still fresh
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 0.05), TARGET)
+    assert layer.counters["bad_time"] == 1
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 0.2), POSTURE)
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 1000.0), POSTURE)
+    assert layer.counters["watchdog"] == 2
+    # valid observations bring it back
+    layer.observe(1000.0)
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 1000.0), TARGET)
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -math.inf])
+def test_nonfinite_observation_time_is_rejected_and_counted(bad):
+    layer = active()
+    layer.observe(bad)
+    assert layer.counters["bad_time"] == 1
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 0.05), TARGET)  # the obs at 0
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 5.0), POSTURE)
+    assert layer.counters["watchdog"] == 1
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -math.inf])
+def test_nonfinite_filter_time_is_stale(bad):
+    layer = active()
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, bad), POSTURE)
+    counters = layer.counters
+    assert counters["watchdog"] == 1 and counters["bad_time"] == 1
+
+
+def test_clock_going_back_cannot_keep_stale_data_fresh():
+    """The clock jumps from 100 s back to 0 and the data stop: after the watchdog's
+    timeout on the caller's clock, the safe posture (today: fresh for ~100 s)."""
+    layer = active(100.0)
+    for k in range(5):
+        layer.observe(100.0 + 0.02 * k)
+        np.testing.assert_array_equal(layer.filter(OBS, TARGET, 100.0 + 0.02 * k), TARGET)
+    prev = layer.last_output
+    outs = []
+    for k in range(1, 20):  # 0.02 .. 0.38: backwards; observations stamped on it too
+        layer.observe(0.02 * k)
+        outs.append(layer.filter(OBS, np.array([0.9, 0.9]), 0.02 * k))
+    # never the policy's new target: held for the 0.1 s budget (0.02 .. 0.12 on the
+    # clock that went back; 0.12 is at the edge), then the posture
+    for out in outs[:5]:
+        np.testing.assert_array_equal(out, prev)
+    for out in outs[6:]:
+        np.testing.assert_array_equal(out, POSTURE)
+    counters = layer.counters
+    assert counters["watchdog"] >= 13
+    assert counters["bad_time"] == 2 * 19  # every observation and filter time of the run
+
+
+def test_clock_going_back_twice_is_stale_at_once():
+    layer = active(ramp_in_s=0.0, watchdog_timeout_s=10.0)
+    layer.filter(OBS, TARGET, 1.0)
+    np.testing.assert_array_equal(layer.filter(OBS, np.zeros(2), 0.5), TARGET)  # held
+    np.testing.assert_array_equal(layer.filter(OBS, np.zeros(2), 0.4), POSTURE)  # back again
+    assert layer.counters["watchdog"] == 1
+
+
+def test_backwards_observation_time_is_rejected():
+    layer = active(watchdog_timeout_s=0.1)
+    layer.observe(0.2)
+    layer.observe(0.1)  # earlier than the one before: rejected, the later one stands
+    assert layer.counters["bad_time"] == 1
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 0.3), TARGET)
+    layer.observe(0.15)  # earlier than the last accepted observation
+    assert layer.counters["bad_time"] == 2
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 0.31), POSTURE)
+
+
+def test_repeated_observation_time_is_accepted():
+    """The ROS controller observes the same sensor stamp until a new message comes."""
+    layer = active(watchdog_timeout_s=0.1)
+    for k in range(5):
+        layer.observe(0.0)
+        layer.filter(OBS, TARGET, 0.02 * k)
+    assert layer.counters["bad_time"] == 0 and layer.counters["watchdog"] == 0
+
+
+def test_activation_at_an_earlier_time_is_refused():
+    layer = make()
+    layer.filter(OBS, TARGET, 5.0)  # inactive, but the time is accepted
+    layer.activate(4.0)
+    assert not layer.active and layer.counters["bad_time"] == 1
+    layer.observe(5.0)
+    layer.activate(5.0)
+    assert layer.active
+    np.testing.assert_array_equal(layer.filter(OBS, TARGET, 5.01), TARGET)
+
+
+def test_filter_without_allocation_beyond_the_output():
+    """The time checks keep the hot path as it was: one new array per call, the output."""
+    import tracemalloc
+
+    layer = active(max_delta_per_step=0.5, ramp_in_s=0.5, watchdog_timeout_s=1.0)
+    target = np.array([0.3, -0.7])
+    for k in range(50):  # warm-up
+        layer.observe(0.001 * k)
+        layer.filter(OBS, target, 0.001 * k)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for k in range(50, 1050):
+        layer.observe(0.001 * k)
+        layer.filter(OBS, target, 0.001 * k)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    assert grown < 4096  # nothing kept per call
+
+
+# A lenient model of "valid observation": finite, not earlier than the last valid one,
+# not later than the accepted filter/activation time that judges it. The layer may be
+# stricter (it never has a later valid observation than the model), never more lenient.
+spec_value = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300, 1e12, -1e12, 0.0, -0.0]),
+    st.floats(-10.0, 10.0),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+time_spec = st.one_of(
+    st.tuples(st.just("abs"), spec_value),
+    st.tuples(st.just("rel"), st.floats(-0.05, 0.3)),  # realistic: near the last time
+)
+time_ops = st.lists(
+    st.tuples(st.sampled_from(["observe", "filter"]), time_spec), min_size=1, max_size=60
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ops=time_ops,
+    t0=st.floats(-5.0, 5.0),
+    first_obs=st.none() | spec_value,
+    timeout=st.one_of(st.floats(1e-3, 1.0), st.just(math.inf)),
+    ramp=st.floats(0.0, 0.5),
+    hold=st.booleans(),
+)
+def test_no_valid_observation_within_the_timeout_means_the_safe_posture(
+    ops, t0, first_obs, timeout, ramp, hold
+):
+    """Whatever the timestamps (inf, nan, huge, negative, decreasing): whenever no valid
+    observation came within the watchdog timeout before a filter call, the output is the
+    safe posture and the watchdog counter went up; a call whose own time is rejected
+    never passes the policy's target."""
+    config = SafetyConfig(
+        joint_pos_lower=[-1.0] * N,
+        joint_pos_upper=[1.0] * N,
+        max_delta_per_step=math.inf,
+        watchdog_timeout_s=timeout,
+        ramp_in_s=ramp,
+        safe_posture=[0.25] * N,
+        hold_last_on_fault=hold,
+    )
+    posture = config.safe_posture
+    target = np.full(N, -0.5)
+    layer = SafetyLayer(config)
+    pending: list[float] = []
+    if first_obs is not None:
+        layer.observe(first_obs)
+        if math.isfinite(first_obs):
+            pending.append(first_obs)
+    layer.activate(t0)
+    assert layer.active
+    clock = t0  # the last accepted filter/activation time
+    base = t0  # "rel" times count from the last finite time given
+    valid_obs: float | None = None
+
+    def judge(now: float, drop_future: bool) -> None:
+        nonlocal valid_obs, pending
+        later = []
+        for t in pending:
+            if t <= now:
+                if valid_obs is None or t >= valid_obs:
+                    valid_obs = t
+            elif not drop_future:
+                later.append(t)
+        pending = later
+
+    judge(t0, drop_future=False)
+    stale = valid_obs is None or not clock - valid_obs <= timeout
+    back_t0 = back_t = None
+
+    for kind, (how, value) in ops:
+        t = base + value if how == "rel" else value
+        if math.isfinite(t):
+            base = t
+        before = layer.counters
+        if kind == "observe":
+            layer.observe(t)
+            if math.isfinite(t):
+                pending.append(t)
+            else:
+                assert layer.counters["bad_time"] == before["bad_time"] + 1
+            continue
+        prev = layer.last_output
+        out = layer.filter(None, target, t)
+        after = layer.counters
+        assert np.isfinite(out).all()
+        if math.isfinite(t) and t >= clock:  # an accepted time
+            clock, back_t0 = t, None
+            judge(t, drop_future=True)
+            stale = valid_obs is None or not t - valid_obs <= timeout
+            expired = stale
+        else:
+            assert after["bad_time"] >= before["bad_time"] + 1
+            # never the policy's target: the held output or the safe posture
+            assert np.array_equal(out, prev) or np.array_equal(out, posture)
+            expired = True
+            if math.isfinite(t) and not stale:
+                if back_t0 is None:
+                    back_t0 = back_t = t
+                if t >= back_t:
+                    back_t = t
+                    age = (clock - valid_obs) + (t - back_t0)
+                    expired = not age <= timeout
+            stale = stale or expired
+        if expired:
+            np.testing.assert_array_equal(out, posture)
+            assert after["watchdog"] == before["watchdog"] + 1

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
-from deploy.metadata import read_metadata
+from deploy.metadata import read_metadata, write_metadata
 from deploy.runtime import OnnxPolicy
 from deploy.safety import DEFAULT_MAX_TARGET_SPEED, DEFAULT_RAMP_IN_S
 from deploy.sim2sim import Sim2SimActor, Sim2SimError, evaluate_onnx, make_env_for
@@ -83,7 +86,9 @@ def test_cartpole_closed_loop_matches_checkpoint(cartpole, seed):
     assert counters["steps"] >= got["length_mean"] * 6
     assert counters["nonfinite_obs"] == counters["nonfinite_action"] == counters["watchdog"] == 0
     if seed == 0:  # the CLI's dispatch: evaluate_source sends .onnx files here
-        _close(want, evaluate_source(onnx_path, episodes=6, seed=seed))
+        via_source = evaluate_source(onnx_path, episodes=6, seed=seed)
+        assert via_source.pop("safety") == counters  # the safety layer's counts, always
+        _close(want, via_source)
 
 
 def test_quadruped_closed_loop_with_randomization_matches_checkpoint(quadruped):
@@ -178,3 +183,69 @@ def test_torque_task_safe_command_is_zero(cartpole):
     config = Sim2SimActor(policy, 1, meta.control_period_s).layers[0].config
     np.testing.assert_array_equal(config.safe_posture, np.zeros(meta.num_joints))
     np.testing.assert_array_equal(config.joint_pos_lower, [-3.0])  # the actuator range
+
+
+# ---------------------------------------------------------------------- metadata vs robot
+def _edited(src, dst, **changes):
+    """A copy of a real exported file whose metadata fields were changed."""
+    shutil.copyfile(src, dst)
+    write_metadata(dst, dataclasses.replace(read_metadata(src), **changes))
+    return dst
+
+
+def test_sim2sim_refuses_action_scale_zero(quadruped, tmp_path):
+    """An action_scale of 0 used to evaluate like the original (and bypass the filter)."""
+    _, onnx_path = quadruped
+    n = read_metadata(onnx_path).num_joints
+    path = _edited(onnx_path, tmp_path / "scale0.onnx", action_scale=[0.0] * n)
+    with pytest.raises(Sim2SimError, match=r"action_scale mismatch.* has action_scale 0 .*0\.25"):
+        evaluate_onnx(path, episodes=1)
+
+
+def test_sim2sim_refuses_other_pd_gains(quadruped, tmp_path):
+    _, onnx_path = quadruped
+    meta = read_metadata(onnx_path)
+    kp = list(meta.kp)
+    kp[3] = 45.0
+    path = _edited(onnx_path, tmp_path / "kp.onnx", kp=kp)
+    with pytest.raises(Sim2SimError, match=r"kp mismatch.*kp 45 for joint 'FR_hip_joint'"):
+        evaluate_onnx(path, episodes=1)
+    # make_env_for, the other way in, refuses it too
+    with pytest.raises(Sim2SimError, match=r"kp mismatch.*the robot of task 'quadruped' has 30"):
+        make_env_for(read_metadata(path), None, 1, seed=0, randomize=False)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("action_offset", 0.0),
+        ("default_joint_pos", 0.5),
+        ("kd", 0.81),  # 1% off
+        ("kp", 30.0 * (1 + 1e-5)),  # beyond the 1e-6 relative tolerance
+    ],
+)
+def test_sim2sim_refuses_every_robot_field_that_differs(quadruped, tmp_path, field, value):
+    _, onnx_path = quadruped
+    n = read_metadata(onnx_path).num_joints
+    path = _edited(onnx_path, tmp_path / f"{field}.onnx", **{field: [value] * n})
+    with pytest.raises(Sim2SimError, match=rf"{field} mismatch: the policy file has {field} "):
+        evaluate_onnx(path, episodes=1)
+
+
+def test_sim2sim_refuses_a_torque_task_file_with_a_scale(cartpole, tmp_path):
+    _, onnx_path = cartpole
+    path = _edited(onnx_path, tmp_path / "scale.onnx", action_scale=[0.5])
+    with pytest.raises(Sim2SimError, match=r"action_scale mismatch.*0\.5.*'cartpole' has 1"):
+        evaluate_onnx(path, episodes=1)
+
+
+def test_sim2sim_accepts_the_unedited_file_and_its_rewritten_metadata(quadruped, tmp_path):
+    _, onnx_path = quadruped
+    meta = read_metadata(onnx_path)
+    assert evaluate_onnx(onnx_path, episodes=1, seed=0)["episodes"] == 1
+    # the same values written again, and a change within the tolerance, still evaluate
+    same = _edited(onnx_path, tmp_path / "same.onnx")
+    a = evaluate_onnx(onnx_path, episodes=2, seed=1)
+    assert evaluate_onnx(same, episodes=2, seed=1) == {**a, "source": str(same)}
+    close = _edited(onnx_path, tmp_path / "close.onnx", kp=[k * (1 + 1e-8) for k in meta.kp])
+    assert evaluate_onnx(close, episodes=1, seed=0)["episodes"] == 1

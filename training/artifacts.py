@@ -94,7 +94,7 @@ def finish_run(runner: Any, summary: dict[str, Any]) -> dict[str, Any]:
     print(
         f"eval (deterministic policy, {stats['episodes']} episodes): return "
         f"{stats['return_mean']:.2f} ± {stats['return_std']:.2f}\n"
-        f"plot: {out['learning_curve']}\nvideo: {out.get('video', out.get('video_error'))}"
+        f"plot: {out['learning_curve']}\nvideo: {out.get('video', out.get('video_error', 'off'))}"
     )
     return out
 
@@ -108,18 +108,29 @@ def evaluate_source(
     zero_noise: bool = False,
 ) -> dict[str, Any]:
     """Statistics of a run, checkpoint or policy.onnx (deterministic policy; a generative
-    policy samples with noise seeded by ``seed`` unless ``zero_noise``)."""
+    policy samples with noise seeded by ``seed`` unless ``zero_noise``).
+
+    A policy.onnx runs through the runtime and the safety layer, as on the robot; its
+    statistics carry the safety layer's intervention counts, summed over envs and
+    episodes, under ``"safety"`` (``{counter name: count}``, the names of
+    :data:`deploy.safety.COUNTER_NAMES`), so that a policy the layer had to overrule
+    (e.g. ``nonfinite_action`` > 0: the network output NaN or inf) cannot pass for a
+    weak one.
+    """
     if str(source).endswith(".onnx"):
         from deploy.sim2sim import evaluate_onnx
 
-        return evaluate_onnx(
+        counters: dict[str, int] = {}
+        stats = evaluate_onnx(
             source,
             task=task,
             episodes=episodes,
             seed=seed,
             randomize=randomize,
             zero_noise=zero_noise,
+            counters=counters,
         )
+        return {**stats, "safety": counters}
     loaded = load_policy(source, task=task)
     generative = loaded.kind.family.name != "gaussian"
     stats = loaded.evaluate(

@@ -48,6 +48,17 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _opset(text: str) -> int:
+    """An ONNX opset the exporter supports (the TorchScript exporter: 14 to 20)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an opset number, got {text!r}") from None
+    if not 14 <= value <= 20:
+        raise argparse.ArgumentTypeError(f"opset {value} is not supported; use 14 to 20")
+    return value
+
+
 def default_run_dir(task: str, algo: str) -> Path:
     return Path("runs") / f"{algo}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -112,7 +123,7 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
 def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> tuple[Any, Path]:
     """The config and run directory of `--resume`, refusing a run of another kind."""
     from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
-    from training.config import apply_overrides
+    from training.config import ConfigError, apply_overrides
 
     ck_path = find_checkpoint(a.resume)
     ck = load_checkpoint(ck_path)
@@ -122,7 +133,7 @@ def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> t
             f"the command that made it"
         )
     if algo == "grpo":
-        from training.config import ConfigError, from_dict
+        from training.config import from_dict
         from training.grpo.config import GRPOTrainConfig
 
         try:
@@ -136,7 +147,18 @@ def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> t
         task = getattr(a, "task", None)
         if task and task != cfg.env.task:
             raise CheckpointError(f"{ck_path} was trained on task {cfg.env.task!r}, not {task!r}")
-    return apply_overrides(cfg, overrides), Path(a.run_dir) if a.run_dir else ck_path.parent.parent
+    if a.run_dir:
+        run_dir = Path(a.run_dir)
+    else:
+        from training.run_dir import checkpoint_run_dir
+
+        run_dir = checkpoint_run_dir(ck_path)
+        if run_dir is None:
+            raise ConfigError(
+                f"{ck_path} is not inside a run directory's checkpoints/; name the directory "
+                f"the resumed run writes into with --run-dir (new or empty)"
+            )
+    return apply_overrides(cfg, overrides), run_dir
 
 
 def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
@@ -280,6 +302,10 @@ def cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
+    """Evaluate a run, checkpoint or policy.onnx; print the statistics (and, for a .onnx,
+    the safety layer's intervention counts). Exit status 3, with an error line on stderr,
+    when the policy output non-finite actions: the safety layer replaced them, so the
+    return is not the policy's (2 stays the status of bad input)."""
     from training.artifacts import evaluate_source
 
     a = args
@@ -291,6 +317,7 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
         randomize=a.randomize,
         zero_noise=a.zero_noise,
     )
+    safety: dict[str, int] = stats.get("safety") or {}
     if a.json:
         print(json.dumps(stats))
     else:
@@ -299,6 +326,17 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             f"length {stats['length_mean']:.1f} ± {stats['length_std']:.1f} over "
             f"{stats['episodes']} episodes (deterministic policy)"
         )
+        if safety:
+            print("safety: " + ", ".join(f"{name} {count}" for name, count in safety.items()))
+    bad = int(safety.get("nonfinite_action", 0))
+    if bad > 0:
+        print(
+            f"sim2real eval: error: the policy output non-finite actions (NaN or inf) in "
+            f"{bad} of {safety.get('steps', '?')} safety-layer steps; the safety layer "
+            "replaced them, so the return above is not the policy's",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 
@@ -409,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("source", help="run directory or checkpoint file")
     s.add_argument("--out", default=None, help="output file (default: <run-dir>/policy.onnx)")
-    s.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    s.add_argument("--opset", type=_opset, default=17, help="ONNX opset, 14 to 20 (default 17)")
     s.set_defaults(handler=cmd_export)
 
     s = sub.add_parser(

@@ -277,6 +277,9 @@ class PolicyNode(LifecycleNode):
             )
             return TransitionCallbackReturn.FAILURE
         c.activate(now, self._js)
+        if not c.active:  # the safety layer refused the time (the clock went back)
+            self.get_logger().error("activate refused: the clock went back since the last step")
+            return TransitionCallbackReturn.FAILURE
         self._started = True
         self.get_logger().info(f"activated: ramp-in {c.safety.config.ramp_in_s:g} s")
         return TransitionCallbackReturn.SUCCESS
