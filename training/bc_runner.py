@@ -31,7 +31,8 @@ from training.policy_kinds import (
     make_env,
 )
 from training.run_control import train_loop
-from training.runner import refuse_reuse, run_payload, write_config
+from training.run_dir import prepare_run_dir
+from training.runner import run_payload, write_config
 from training.train_configs import BCTrainConfig
 
 __all__ = ["BCRunner", "check_dataset"]
@@ -83,8 +84,7 @@ class BCRunner:
         self.policy = family.build_policy(cfg, self.env).to(self.device)
         self.bc = BC(self.policy, cfg.bc, obs.to(self.device), actions.to(self.device))
         self.arch = architecture(cfg, self.env, family)
-        refuse_reuse(self.run_dir, resume)
-        (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        prepare_run_dir(self.run_dir, resume)  # one run per directory
         self.logger = RunLogger(
             self.run_dir, tensorboard=cfg.run.tensorboard, progress=cfg.run.progress
         )

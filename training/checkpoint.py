@@ -46,8 +46,38 @@ def _unpack(obj: Any) -> Any:
     return obj
 
 
+def nonfinite_tensor(state: Any, prefix: str = "") -> str | None:
+    """The name of the first floating-point tensor with a NaN or inf in a (nested) state
+    dict, or None."""
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and not bool(torch.isfinite(state).all()):
+            return prefix or "tensor"
+        return None
+    if isinstance(state, dict):
+        for k, v in state.items():
+            found = nonfinite_tensor(v, f"{prefix}.{k}" if prefix else str(k))
+            if found:
+                return found
+    return None
+
+
+WEIGHT_KEYS = ("policy", "trainable")
+"""Payload entries holding a learner's weights, which must be finite to be saved."""
+
+
 def save_checkpoint(path: str | os.PathLike, payload: dict[str, Any]) -> Path:
-    """Write `payload` so that a crash at any moment leaves the old file or the new one."""
+    """Write `payload` so that a crash at any moment leaves the old file or the new one.
+
+    Weights that are not finite are refused (CheckpointError naming the tensor): the
+    checkpoint on disk stays the last good one instead of becoming a NaN policy.
+    """
+    for key in WEIGHT_KEYS:
+        bad = nonfinite_tensor(payload.get(key), key)
+        if bad is not None:
+            raise CheckpointError(
+                f"refusing to save {path}: {bad} is not finite (NaN or inf); the previous "
+                f"checkpoint is kept"
+            )
     packed = {"format": FORMAT, **_pack(payload)}
     return atomic_write(path, lambda tmp: torch.save(packed, tmp))
 

@@ -246,7 +246,8 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
 
     Raises FileNotFoundError for a missing file and :class:`DatasetError` for a file that
     is not HDF5, lacks a group, attribute or dataset of the schema, has inconsistent
-    shapes or lengths, non-finite values, or another schema version or task.
+    shapes or lengths, non-finite values, actions outside the action bounds, or another
+    schema version or task.
     """
     h5py = _h5py()
     path = Path(path)
@@ -314,6 +315,16 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
                 frames.append(_array(d, f"obs/{term}", w, (n, size)))
                 next_frames.append(_array(d, f"next_obs/{term}", w, (n, size)))
             actions = _array(d, "actions", w, (n, a))
+            # the schema promises executed actions, so within the bounds (float32 slack)
+            slack = 1e-5 * np.maximum(1.0, np.abs(np.concatenate([low, high])).max())
+            outside = (actions < low - slack) | (actions > high + slack)
+            if outside.any():
+                t, j = map(int, np.argwhere(outside)[0])
+                raise DatasetError(
+                    f"{w}/actions: step {t}, joint {joints[j]!r} is {float(actions[t, j]):.6g}, "
+                    f"outside the action bounds [{low[j]:g}, {high[j]:g}] "
+                    f"({int(outside.sum())} values outside in this demo)"
+                )
             rewards = _array(d, "rewards", w, (n,))
             dones = _array(d, "dones", w, (n,))
             if dones[-1] != 1 or (dones[:-1] != 0).any():

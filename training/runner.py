@@ -37,6 +37,7 @@ from training.policy_kinds import (
     make_env,
 )
 from training.run_control import code_version, train_loop
+from training.run_dir import prepare_run_dir
 
 __all__ = ["OnPolicyRunner", "parameters_vector", "run_payload"]
 
@@ -62,14 +63,6 @@ def run_payload(run_dir: Path, cfg: Any, env, arch: dict[str, Any]) -> dict[str,
 
 def write_config(run_dir: Path, cfg: Any) -> None:
     atomic_write(run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
-
-
-def refuse_reuse(run_dir: Path, resume: Any) -> None:
-    """Never mix two runs' metrics and checkpoints in one directory."""
-    if resume is None and (run_dir / "checkpoints" / "latest.pt").exists():
-        raise ValueError(
-            f"run directory {run_dir} already holds a run; resume it or choose another"
-        )
 
 
 class OnPolicyRunner:
@@ -119,10 +112,11 @@ class OnPolicyRunner:
         self.iteration = 0
         self.env_steps = 0
         self.eval_history: list[dict[str, float]] = []
-        self.obs: dict[str, torch.Tensor] = {}
-        refuse_reuse(self.run_dir, resume)
-        if self.is_main:
-            (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        # the first reset before anything is written: a task that cannot start leaves no
+        # run directory behind
+        self.obs: dict[str, torch.Tensor] = self.env.reset() if resume is None else {}
+        if self.is_main:  # one run per directory (training.run_dir)
+            prepare_run_dir(self.run_dir, resume)
         self.logger = RunLogger(
             self.run_dir,
             enabled=self.is_main,
@@ -131,8 +125,6 @@ class OnPolicyRunner:
         )
         if resume is not None:
             self._load(resume)
-        else:
-            self.obs = self.env.reset()
         if self.is_main:
             write_config(self.run_dir, cfg)
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from policies.diffusion import DiffusionConfig
 from policies.gaussian import ActorCriticConfig
 from sim.registry import task_options
@@ -56,12 +58,19 @@ class EnvConfig:
     """The task constructor's own options, e.g. {"command_vx": [0, 1]} for quadruped."""
 
     def __post_init__(self) -> None:
-        if self.num_envs < 1:
-            raise ValueError(f"env.num_envs must be >= 1, got {self.num_envs}")
+        check = FieldChecks(self)
+        check.ints("num_envs")
+        check.ints("threads", low=0)
+        if self.max_episode_steps is not None:
+            check.ints("max_episode_steps")
         known = task_options(self.task)  # unknown task: a clear error now, not later
         clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps"})
         if clash:
             raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
+        # the simulator's own settings, not options of the task
+        reserved = sorted(set(self.task_args) & {"dtype", "nan_action"})
+        if reserved:
+            raise ValueError(f"env.task_args: {reserved} are not task options")
         unknown = sorted(set(self.task_args) - known)
         if unknown:
             raise ValueError(
@@ -88,6 +97,15 @@ class RunOutputConfig:
     progress: bool = True
     """Show a progress bar."""
 
+    def __post_init__(self) -> None:
+        try:
+            kind = torch.device(self.device).type
+        except (RuntimeError, TypeError):
+            kind = None
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"run.device must be cpu, cuda or cuda:<index>, got {self.device!r}")
+        FieldChecks(self).ints("eval_episodes")
+
 
 @dataclass
 class RunConfig(RunOutputConfig):
@@ -105,9 +123,10 @@ class RunConfig(RunOutputConfig):
     are contended."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check = FieldChecks(self)
         check.ints("torch_threads", "eval_every", low=0)
-        check.ints("total_steps", "checkpoint_every", "eval_episodes")
+        check.ints("total_steps", "checkpoint_every")
 
 
 @dataclass
@@ -150,8 +169,9 @@ class BCRunConfig(RunOutputConfig):
     """Updates between evaluations in the simulator; 0: only at the end."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check = FieldChecks(self)
-        check.ints("log_every", "checkpoint_every", "eval_episodes")
+        check.ints("log_every", "checkpoint_every")
         check.ints("eval_every", low=0)
 
 

@@ -65,15 +65,23 @@ def load_prompts(path: str | os.PathLike) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"prompts file {path} does not exist")
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise PromptDataError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
-            lines.append(lineno)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise PromptDataError(
+            f"{path}: line {line}: not UTF-8 text (byte {raw[e.start]:#04x}); a prompts file "
+            f"is JSON lines"
+        ) from None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise PromptDataError(f"{path}: line {lineno}: not valid JSON ({e.msg})") from None
+        lines.append(lineno)
     if not rows:
         raise PromptDataError(f"{path}: no prompts")
     try:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deploy.files import atomic_write
 from policies.language_model import LanguageModelPolicy, Rollout
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.config import config_hash, to_dict
@@ -48,9 +49,10 @@ from training.grpo.config import GRPOTrainConfig
 from training.grpo.data import PromptSampler, load_prompts, validate_rows
 from training.grpo.loss import advantages as group_advantages
 from training.grpo.loss import grpo_loss, loss_config
-from training.metrics import MetricsLogger
+from training.metrics import MetricsLogger, append_jsonl, truncate_jsonl
 from training.rewards import RewardError, RewardFn, RewardModel, resolve
-from training.run_control import Interrupt, code_version
+from training.run_control import code_version, train_loop
+from training.run_dir import prepare_run_dir
 
 log = logging.getLogger("sim2real.grpo")
 
@@ -59,20 +61,6 @@ CHECKPOINT_KIND = "grpo"
 _PASS_COST = 256
 # statistics of training.core.policy_loss that are means over valid tokens
 _TOKEN_MEAN_STATS = frozenset({"clip_frac", "approx_kl", "ratio_mean", "off_policy_weight_mean"})
-
-
-def _truncate_jsonl(path: Path, step: int) -> None:
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except json.JSONDecodeError:
-                continue
-    path.write_text("".join(k + "\n" for k in keep))
 
 
 class GRPOTrainer:
@@ -164,22 +152,13 @@ class GRPOTrainer:
         }
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.logger: MetricsLogger | None = None
-        if self.run_dir is not None and resume is None:
-            taken = [
-                n for n in ("checkpoints/latest.pt", "metrics.jsonl") if (self.run_dir / n).exists()
-            ]
-            if taken:
-                raise ValueError(
-                    f"run directory {self.run_dir} already holds a run ({', '.join(taken)}); "
-                    f"resume it (--resume {self.run_dir}) or choose another run directory"
-                )
         if self.run_dir is not None:
-            (self.run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            prepare_run_dir(self.run_dir, resume)  # one run per directory
             self.logger = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard)
         if resume is not None:
             self.load(resume)
         if self.run_dir is not None:
-            (self.run_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+            atomic_write(self.run_dir / "config.json", json.dumps(to_dict(cfg), indent=2))
 
     # ------------------------------------------------------------------ schedule
     def _schedule(self) -> Warmup:
@@ -204,9 +183,7 @@ class GRPOTrainer:
     def _write(self, name: str, records: list[dict[str, Any]]) -> None:
         if self.run_dir is None or not records:
             return
-        with open(self.run_dir / name, "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+        append_jsonl(self.run_dir / name, records)
 
     def collect(self) -> tuple[Rollout | None, torch.Tensor | None, dict[str, float]]:
         """Sample, score and filter one step's groups; returns (batch, advantages, stats)."""
@@ -534,27 +511,25 @@ class GRPOTrainer:
 
             bar = tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True, desc="grpo")
         history: list[dict[str, float]] = []
-        stopped = False
-        with Interrupt() as interrupt:
-            while self.step < total:
-                row = self.train_step()
-                history.append(row)
-                if self.logger is not None:
-                    self.logger.log(self.step, row)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(
-                        reward=f"{row['reward/mean']:.3f}",
-                        zv=f"{row['groups/zero_variance_fraction']:.2f}",
-                    )
-                last = self.step == total
-                if self.run_dir is not None and (
-                    self.step % self.cfg.run.checkpoint_every == 0 or last or interrupt.requested
-                ):
-                    self.save()
-                if interrupt.requested and not last:
-                    stopped = True
-                    break
+
+        def step() -> int:
+            row = self.train_step()
+            history.append(row)
+            if self.logger is not None:
+                self.logger.log(self.step, row)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{row['reward/mean']:.3f}",
+                    zv=f"{row['groups/zero_variance_fraction']:.2f}",
+                )
+            return self.step
+
+        def save() -> None:
+            if self.run_dir is not None:
+                self.save()
+
+        stopped = train_loop(self.step, total, step, save, self.cfg.run.checkpoint_every)
         if bar is not None:
             bar.close()
         if self.run_dir is not None and not stopped and self.cfg.run.save_final_model:
@@ -635,7 +610,7 @@ class GRPOTrainer:
             if self.logger is not None:
                 self.logger.truncate_after(self.step)
             for name in ("samples.jsonl", "reward_errors.jsonl"):
-                _truncate_jsonl(self.run_dir / name, self.step)
+                truncate_jsonl(self.run_dir / name, self.step)
 
 
 __all__ = ["CHECKPOINT_KIND", "GRPOTrainer"]

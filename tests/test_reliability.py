@@ -1,0 +1,189 @@
+"""Nothing lost, nothing silently wrong, on the training side: run directories belong to
+one run, metrics survive a torn write, bad demonstrations and NaN weights are refused,
+and bad settings fail before anything runs, naming the setting."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from demo_support import random_demos
+
+from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.cli import main
+from training.demos import DatasetError, load_demos
+from training.metrics import MetricsError, read_metrics
+
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.video=false"]
+TINY = ["env.num_envs=4", "ppo.num_steps=8", "run.checkpoint_every=1"]
+
+
+def _train(run_dir: Path, steps: int, *extra: str) -> int:
+    return main(
+        ["train", "ppo", "--run-dir", str(run_dir), "--steps", str(steps), "--no-artifacts"]
+        + QUIET
+        + TINY
+        + list(extra)
+    )
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------------- run directories
+def test_resume_into_another_runs_directory_is_refused_and_leaves_it_alone(tmp_path, capsys):
+    assert _train(tmp_path / "x", 64) == 0
+    assert _train(tmp_path / "y", 32, "run.seed=1") == 0
+    before = _tree(tmp_path / "y")
+    rc = main(["train", "ppo", "--resume", str(tmp_path / "x"), "--run-dir", str(tmp_path / "y")])
+    assert rc == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert _tree(tmp_path / "y") == before
+
+
+def test_resume_into_a_new_directory_continues_there_with_the_whole_curve(tmp_path):
+    assert _train(tmp_path / "x", 64) == 0
+    x_before = _tree(tmp_path / "x")
+    rc = main(
+        ["train", "ppo", "--resume", str(tmp_path / "x"), "--run-dir", str(tmp_path / "z")]
+        + ["--steps", "96", "--no-artifacts"]
+    )
+    assert rc == 0
+    assert _tree(tmp_path / "x") == x_before  # the resumed run is not touched
+    steps = [r["step"] for r in read_metrics(tmp_path / "z" / "metrics.jsonl")]
+    assert steps == [32, 64, 96]
+    # the same as one uninterrupted run of 96 steps
+    assert _train(tmp_path / "w", 96) == 0
+    a = load_checkpoint(tmp_path / "z" / "checkpoints" / "latest.pt")["policy"]
+    b = load_checkpoint(tmp_path / "w" / "checkpoints" / "latest.pt")["policy"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_fresh_run_refuses_a_directory_left_before_its_first_checkpoint(tmp_path, capsys):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 32, "train/return": 1.0}\n')
+    assert _train(run, 64) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint" in err and f"rm -r {run}" in err
+    assert (run / "metrics.jsonl").read_text() == '{"step": 32, "train/return": 1.0}\n'
+
+
+def test_torn_last_metrics_line_is_dropped_on_resume_with_a_warning(tmp_path):
+    run = tmp_path / "r"
+    assert _train(run, 64) == 0
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 96, "train/ret')  # what a kill -9 inside a write leaves
+    with pytest.warns(UserWarning, match="metrics.jsonl: dropped a torn last line"):
+        rc = main(["train", "ppo", "--resume", str(run), "--steps", "96", "--no-artifacts"])
+    assert rc == 0
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [32, 64, 96]
+
+
+def test_a_damaged_metrics_line_in_the_middle_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, oops\n{"step": 3}\n')
+    with pytest.raises(MetricsError, match=r"metrics.jsonl, line 2"):
+        read_metrics(path)
+
+
+# ---------------------------------------------------------------------- numbers
+def test_demonstrations_with_actions_outside_the_bounds_are_refused(tmp_path):
+    path = random_demos(tmp_path / "d.hdf5")
+    with h5py.File(path, "r+") as f:
+        f["data/demo_1/actions"][3, 2] = 1e30
+    with pytest.raises(DatasetError, match=r"demo_1/actions: step 3, joint .* is 1e\+30, outside"):
+        load_demos(path)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    good = save_checkpoint(tmp_path / "c.pt", {"policy": {"w": torch.ones(2)}})
+    before = good.read_bytes()
+    with pytest.raises(CheckpointError, match=r"policy\.w is not finite"):
+        save_checkpoint(good, {"policy": {"w": torch.tensor([1.0, float("nan")])}})
+    assert good.read_bytes() == before  # the last good checkpoint stays
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_bc_skips_a_nan_step_and_keeps_finite_weights():
+    from policies.diffusion import DiffusionConfig, DiffusionPolicy
+    from training.algorithms.bc import BC, BCConfig
+
+    torch.manual_seed(0)
+    policy = DiffusionPolicy(4, 2, DiffusionConfig(hidden=(8,), critic_hidden=(8,), horizon=2, act_steps=2))
+    obs, actions = torch.randn(16, 4), torch.rand(16, 2, 2) * 2 - 1
+    bc = BC(policy, BCConfig(num_updates=4, batch_size=8, warmup=0), obs, actions)
+    bc.update()
+    real = policy.bc_loss
+    policy.bc_loss = lambda *a, **k: real(*a, **k) * float("nan")
+    stats = bc.update()
+    policy.bc_loss = real
+    assert stats["nonfinite_steps"] == 1 and np.isnan(stats["loss"])
+    assert all(torch.isfinite(p).all() for p in policy.parameters())
+    assert bc.update()["nonfinite_steps"] == 1
+
+
+# ---------------------------------------------------------------------- bad settings
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("run.device=banana", "run.device must be cpu, cuda or cuda:<index>, got 'banana'"),
+        ("env.threads=-2", "EnvConfig.threads must be an integer >= 0"),
+        ("run.eval_episodes=0", "eval_episodes must be an integer >= 1"),
+        ('env.task_args={"dtype": "float64"}', "['dtype'] are not task options"),
+        ("env.num_envs=abc", "env.num_envs expects an integer, got 'abc'"),
+    ],
+)
+def test_bad_settings_fail_before_anything_runs(tmp_path, capsys, setting, message):
+    assert _train(tmp_path / "r", 64, setting) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_export_refuses_an_unsupported_opset(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["export", str(tmp_path), "--opset", "3"])
+    assert "opset 3 is not supported" in capsys.readouterr().err
+
+
+def test_a_binary_prompts_file_is_named(tmp_path):
+    from training.grpo.data import PromptDataError, load_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b'{"prompt": "1+1=", "answer": "2"}\n\xff\xfe\x00binary')
+    with pytest.raises(PromptDataError, match=r"p.jsonl: line 2: not UTF-8"):
+        load_prompts(path)
+
+
+def test_a_batch_that_cannot_fit_in_memory_is_refused_at_once():
+    import sim
+
+    with pytest.raises(ValueError, match=r"num_envs=10000000 .* needs at least .* GiB"):
+        sim.make("quadruped", 10_000_000)
+
+
+def test_metrics_rows_are_appended_in_one_write(tmp_path, monkeypatch):
+    from training import metrics
+
+    calls = []
+    real = os.write
+
+    def spy(fd, data):
+        calls.append(data)
+        return real(fd, data)
+
+    monkeypatch.setattr(metrics.os, "write", spy)
+    logger = metrics.MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"a": 1.0, "b": "x"})
+    assert len(calls) == 1 and calls[0].endswith(b"\n")
+    assert json.loads(calls[0]) == {"step": 1, "a": 1.0, "b": "x"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "a": 1.0, "b": "x"}]
