@@ -187,3 +187,49 @@ def test_metrics_rows_are_appended_in_one_write(tmp_path, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "a": 1.0, "b": "x"}]
+
+
+# ---------------------------------------------------------------------- corrupted files
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /tmp/sim2real_pwned",))
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("good") / "run"
+    assert _train(run, 64) == 0
+    return run
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes", "pickle that runs code", "empty"])
+@pytest.mark.parametrize("command", ["resume", "eval", "export", "collect", "dppo --init"])
+def test_a_damaged_checkpoint_is_an_error_naming_it_in_every_command(
+    tmp_path, capsys, good_run, damage, command
+):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    ck = run / "checkpoints" / "latest.pt"
+    data = ck.read_bytes()
+    if damage == "truncated":
+        ck.write_bytes(data[: len(data) // 2])
+    elif damage == "random bytes":
+        ck.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif damage == "empty":
+        ck.write_bytes(b"")
+    else:
+        torch.save({"format": 1, "kind": "ppo", "x": _Evil()}, ck)
+    argv = {
+        "resume": ["train", "ppo", "--resume", str(run)],
+        "eval": ["eval", str(run), "--episodes", "1"],
+        "export": ["export", str(run)],
+        "collect": ["collect", str(run), "--episodes", "1", "--out", str(tmp_path / "d.hdf5")],
+        "dppo --init": ["train", "dppo", "--init", str(run), "--run-dir", str(tmp_path / "d")],
+    }[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert str(ck) in err and "Traceback" not in err
+    assert not Path("/tmp/sim2real_pwned").exists()
+    assert not (tmp_path / "d").exists() and not (tmp_path / "d.hdf5").exists()
