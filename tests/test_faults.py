@@ -77,3 +77,32 @@ def test_grpo_killed_during_writes_then_resumed_equals_an_uninterrupted_run(tmp_
         assert train_until_done(fault, args, run, tmp_path) == 1
         same, why = same_result(run, tmp_path / "ref", weights="trainable")
         assert same, f"{fault}: {why}"
+
+
+def test_ctrl_c_saves_and_exits_130_then_the_run_resumes(tmp_path, ppo_reference):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fault_support import ROOT
+
+    run = tmp_path / "run"
+    env = {**os.environ, "MUJOCO_GL": "egl", "PYTHONPATH": str(ROOT)}
+    args = [*PPO[:5], "1000000", *PPO[6:], "--run-dir", str(run)]  # far more than it gets
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.cli", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.time() + 120
+    while not (run / "checkpoints" / "latest.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert f"resume with: sim2real train ppo --resume {run}" in out.decode()
+    assert run_child("none", ["train", "ppo", "--resume", str(run), "--steps", "256"], tmp_path) == 0
