@@ -72,3 +72,51 @@ def test_a_renamed_field_says_its_new_name(capsys, tmp_path):
     assert rc == 2
     assert "'ppo.max_kl' is now called 'ppo.target_kl'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_config_file_round_trip_and_order(tmp_path, capsys):
+    assert main(["train", "ppo", "--task", "hopper", "ppo.lr=2e-4", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    path = tmp_path / "c.yaml"
+    path.write_text(printed)
+    # the file names the task (its preset applies), the command line wins over the file
+    assert main(["train", "ppo", "--config", str(path), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+    assert main(["train", "ppo", "--config", str(path), "ppo.lr=1e-4", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "  lr: 0.0001\n" in out and "  task: hopper\n" in out
+
+
+def test_config_file_lists_and_mistakes(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  actor_hidden: [32, 32]\n")
+    assert main(["train", "ppo", "--config", str(path), "--print-config"]) == 0
+    assert "actor_hidden:\n  - 32\n  - 32\n" in capsys.readouterr().out
+    path.write_text("ppo:\n  learning_rate: 0.1\n")
+    assert main(["train", "ppo", "--config", str(path), "--print-config"]) == 2
+    assert f"{path}: unknown config field 'ppo.learning_rate'; did you mean 'ppo.lr'?" in (
+        capsys.readouterr().err
+    )
+    path.write_text("policy:\n  actor_hidden: 32\n")
+    assert main(["train", "ppo", "--config", str(path)]) == 2
+    assert "policy.actor_hidden expects a list, got 32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "value, parsed", [("[32, 32]", (32, 32)), ("(64,64)", (64, 64)), ("16,8", (16, 8))]
+)
+def test_list_values_in_every_notation(value, parsed):
+    from training.train_configs import build_ppo_config
+
+    assert (
+        build_ppo_config("cartpole", [f"policy.actor_hidden={value}"]).policy.actor_hidden == parsed
+    )
+
+
+@pytest.mark.parametrize(
+    "name, ours",
+    [("learning_rate", "lr"), ("n_epochs", "num_epochs"), ("ent_coef", "entropy_coef")],
+)
+def test_other_libraries_names_point_to_ours(capsys, tmp_path, name, ours):
+    assert main(["train", "ppo", "--run-dir", str(tmp_path / "r"), f"ppo.{name}=1"]) == 2
+    assert f"did you mean 'ppo.{ours}'?" in capsys.readouterr().err

@@ -94,6 +94,15 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
         p.add_argument("--export", action="store_true", help="export policy.onnx when done")
     p.add_argument("--seed", type=int, default=None, help="random seed (run.seed)")
     p.add_argument(
+        "--config",
+        default=None,
+        help="YAML file of config fields (sections as mappings), applied after the task's "
+        "preset and before the overrides on the command line",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    p.add_argument(
         "--run-dir", default=None, help="run directory (default runs/<algo>-<task>-<time>)"
     )
     p.add_argument("--resume", default=None, help="run directory or checkpoint to continue")
@@ -120,7 +129,9 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
     return GRPOTrainConfig()
 
 
-def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> tuple[Any, Path]:
+def _resumed_config(
+    algo: str, a: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[Any, Path]:
     """The config and run directory of `--resume`, refusing a run of another kind."""
     from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
     from training.config import ConfigError, apply_overrides
@@ -161,6 +172,40 @@ def _resumed_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> t
     return apply_overrides(cfg, overrides), run_dir
 
 
+def _overrides(algo: str, a: argparse.Namespace) -> dict[str, Any]:
+    """The config file's fields, then the command line's (flags and section.field=value):
+    dotted paths to values, applied in that order."""
+    from training.config import (
+        ConfigError,
+        overrides_from_mapping,
+        parse_override,
+        read_config_file,
+    )
+
+    merged: dict[str, Any] = {}
+    if a.config:
+        try:
+            mapping = read_config_file(a.config)
+            merged.update(overrides_from_mapping(_config_template(algo), mapping))
+        except ConfigError as e:
+            raise ConfigError(f"{a.config}: {e}" if a.config not in str(e) else str(e)) from None
+    merged.update(parse_override(o) for o in _flag_overrides(algo, a))
+    if algo != "grpo" and a.task is None and "env.task" in merged:  # the file names the task
+        a.task = str(merged["env.task"])
+    return merged
+
+
+def _config_template(algo: str) -> Any:
+    """A config of the command's type, for reading a config file against its fields."""
+    from training import train_configs as tc
+
+    if algo == "grpo":
+        from training.grpo.config import GRPOTrainConfig
+
+        return GRPOTrainConfig()
+    return {"ppo": tc.PPOTrainConfig, "bc": tc.BCTrainConfig, "dppo": tc.DPPOTrainConfig}[algo]()
+
+
 def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
     steps_key = {"ppo": "run.total_steps", "dppo": "run.total_steps", "bc": "bc.num_updates"}
     flags = [
@@ -173,7 +218,9 @@ def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
     return list(a.overrides) + [f"{key}={value}" for value, key in flags if value is not None]
 
 
-def _new_config(algo: str, a: argparse.Namespace, overrides: list[str]) -> tuple[Any, Path]:
+def _new_config(
+    algo: str, a: argparse.Namespace, overrides: dict[str, Any]
+) -> tuple[Any, Path]:
     from training.config import ConfigError
     from training.train_configs import build_bc_config, build_ppo_config
 
@@ -198,10 +245,15 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
     """ppo, dppo, bc: train, then the run's artifacts and (--export) its ONNX file."""
     from training.artifacts import finish_run
 
-    overrides = _flag_overrides(algo, a)
+    overrides = _overrides(algo, a)
     cfg, run_dir = (
         _resumed_config(algo, a, overrides) if a.resume else _new_config(algo, a, overrides)
     )
+    if a.print_config:
+        from training.config import dump_config
+
+        print(dump_config(cfg), end="")
+        return 0
     if algo == "bc":
         from training.bc_runner import BCRunner
 
@@ -242,7 +294,7 @@ def _train_grpo(a: argparse.Namespace) -> int:
     from training.grpo.trainer import GRPOTrainer
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    overrides = _flag_overrides("grpo", a)
+    overrides = _overrides("grpo", a)
     if a.resume:
         cfg, run_dir = _resumed_config("grpo", a, overrides)
     else:
@@ -252,6 +304,11 @@ def _train_grpo(a: argparse.Namespace) -> int:
         run_dir = (
             Path(a.run_dir) if a.run_dir else Path("runs") / time.strftime("grpo-%Y%m%d-%H%M%S")
         )
+    if a.print_config:
+        from training.config import dump_config
+
+        print(dump_config(cfg), end="")
+        return 0
     if not cfg.model.path:
         raise ConfigError("--model is required (a directory saved with save_pretrained)")
     if not cfg.data:

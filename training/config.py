@@ -13,8 +13,10 @@ import difflib
 import hashlib
 import json
 import math
+import os
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 
@@ -54,7 +56,9 @@ def _parse(value: str, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
         return value
     if origin in (tuple, list):
-        items = [s for s in value.replace("(", "").replace(")", "").split(",") if s.strip()]
+        # 64,64 or (64, 64) or [64, 64]: what a shell user, a Python user and YAML write
+        bare = value.strip().removeprefix("[").removesuffix("]").replace("(", "").replace(")", "")
+        items = [s for s in bare.split(",") if s.strip()]
         inner = args[0] if args else str
         parsed = [_parse(s.strip(), inner, path) for s in items]
         return tuple(parsed) if origin is tuple else parsed
@@ -99,10 +103,7 @@ def set_field(cfg: Any, path: str, value: Any, _prefix: str = "") -> Any:
         renamed = getattr(type(cfg), "RENAMED", {}).get(head)
         if renamed is not None:
             raise ConfigError(f"config field {full!r} is now called {_prefix + renamed!r}")
-        known = [_prefix + p for p in _field_paths(cfg)]
-        close = difflib.get_close_matches(full, known, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(f"unknown config field {full!r}{hint}")
+        raise ConfigError(f"unknown config field {full!r}{_suggestion(cfg, head, _prefix)}")
     current = getattr(cfg, head)
     if rest:
         if not dataclasses.is_dataclass(current):
@@ -114,22 +115,153 @@ def set_field(cfg: Any, path: str, value: Any, _prefix: str = "") -> Any:
         example = f"{full}.{_field_paths(current)[0]}"
         raise ConfigError(f"{full!r} is a section; set one of its fields, e.g. {example!r}")
     hints = typing.get_type_hints(type(cfg))
-    if isinstance(value, str):
-        value = _parse(value, hints[head], full)
+    value = (
+        _parse(value, hints[head], full)
+        if isinstance(value, str)
+        else _coerce(value, hints[head], full)
+    )
     try:
         return dataclasses.replace(cfg, **{head: value})
     except (ValueError, TypeError) as e:  # the dataclass's own validation
         raise ConfigError(f"{full}={value!r}: {e}") from e
 
 
+# the names other RL libraries give our fields (stable-baselines3, CleanRL, rsl_rl)
+SYNONYMS = {
+    "learning_rate": "lr",
+    "n_steps": "num_steps",
+    "num_steps_per_env": "num_steps",
+    "n_epochs": "num_epochs",
+    "num_learning_epochs": "num_epochs",
+    "update_epochs": "num_epochs",
+    "num_mini_batches": "num_minibatches",
+    "gae_lambda": "lam",
+    "clip_range": "clip",
+    "clip_param": "clip",
+    "clip_coef": "clip",
+    "ent_coef": "entropy_coef",
+    "vf_coef": "value_coef",
+    "value_loss_coef": "value_coef",
+    "n_envs": "num_envs",
+    "total_timesteps": "total_steps",
+}
+
+
+def _suggestion(cfg: Any, head: str, prefix: str) -> str:
+    """'; did you mean ...?' for an unknown field: another library's name for it, or the
+    closest field name in this section, or in the whole config."""
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if SYNONYMS.get(head) in names:
+        return f"; did you mean {prefix + SYNONYMS[head]!r}?"
+    close = difflib.get_close_matches(head, names, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    known = [prefix + p for p in _field_paths(cfg)]
+    close = difflib.get_close_matches(prefix + head, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """A typed value (from a config file or Python) checked against the field's type:
+    lists become tuples, ints may stand for floats, anything else must match."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, path)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{path}: {value!r} does not fit {tp}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{path} must be one of {list(args)}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path} expects a list, got {value!r}")
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, path) for v in value]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path} expects a mapping, got {value!r}")
+        return value
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if tp is Any or (
+        isinstance(tp, type)
+        and isinstance(value, tp)
+        and not (tp is int and isinstance(value, bool))
+    ):
+        return value
+    raise ConfigError(f"{path} expects {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def overrides_from_mapping(cfg: Any, mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Dotted overrides from a nested mapping (a YAML config file): sections are nested
+    mappings, a field's value is taken whole (env.task_args stays a mapping)."""
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{prefix or 'the config'} must be a mapping of fields, got {mapping!r}")
+    out: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(cfg)}
+    for key, value in mapping.items():
+        if key not in names:
+            raise ConfigError(
+                f"unknown config field {prefix + str(key)!r}{_suggestion(cfg, key, prefix)}"
+            )
+        current = getattr(cfg, key)
+        if dataclasses.is_dataclass(current):
+            out.update(overrides_from_mapping(current, value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The nested mapping of a YAML (or JSON) config file, for overrides_from_mapping."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    try:
+        mapping = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a YAML file ({e})") from None
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"{path}: must hold a mapping of sections and fields")
+    return mapping
+
+
+def dump_config(cfg: Any) -> str:
+    """The config as YAML, readable by :func:`load_config_file` (tuples as lists)."""
+    import yaml
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return v
+
+    return yaml.safe_dump(plain(to_dict(cfg)), sort_keys=False)
+
+
 def apply_overrides(cfg: Any, overrides: list[str] | dict[str, Any]) -> Any:
-    items = overrides.items() if isinstance(overrides, dict) else [_split(o) for o in overrides]
+    items = overrides.items() if isinstance(overrides, dict) else [parse_override(o) for o in overrides]
     for path, value in items:
         cfg = set_field(cfg, path, value)
     return cfg
 
 
-def _split(item: str) -> tuple[str, str]:
+def parse_override(item: str) -> tuple[str, str]:
+    """``section.field=value`` -> (path, value text)."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.field=value")
     k, v = item.split("=", 1)
@@ -220,7 +352,10 @@ class FieldChecks:
     def positive_or_none(self, *names: str) -> FieldChecks:
         for n, v in self._each(names):
             if v is not None and not (
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and math.isfinite(v)
+                and v > 0
             ):
                 raise self.fail(n, "must be None or a positive number")
         return self
