@@ -365,3 +365,74 @@ def test_no_mask_is_the_all_ones_mask_to_the_bit():
     x = torch.randn(7, 5, generator=g)
     assert torch.equal(aggregate(x), aggregate(x, torch.ones(7, 5)))
     assert aggregate(torch.empty(0)).item() == 0.0
+
+
+LOG_RATIO_CONFIGS = {
+    "ppo": PolicyLossConfig(),
+    "dual": PolicyLossConfig(clip="dual"),
+    "cpgd": PolicyLossConfig(clip="log"),
+    "spo": PolicyLossConfig(clip="spo", eps_low=0.1, eps_high=0.3),
+    "unclipped": PolicyLossConfig(clip="none"),
+    "gspo": get_loss_config("gspo"),
+    "dr_grpo": get_loss_config("dr_grpo"),
+    "entropy": PolicyLossConfig(entropy_coef=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOG_RATIO_CONFIGS))
+def test_log_ratio_gives_exactly_the_loss_of_its_pair(name):
+    """A learner without a likelihood (FPO) hands the core only log(p_new / p_old): loss,
+    statistics and gradient are those of the pair it came from, to the bit."""
+    cfg = LOG_RATIO_CONFIGS[name]
+    gen = torch.Generator().manual_seed(3)
+    new = (torch.randn(6, 4, generator=gen) * 0.3).requires_grad_(True)
+    old = torch.randn(6, 4, generator=gen) * 0.3
+    adv = torch.randn(6, 4, generator=gen)
+    mask = torch.rand(6, 4, generator=gen) > 0.3
+    weights = torch.rand(1, 4, generator=gen)
+    scale = torch.rand(1, 4, generator=gen) + 0.5
+    entropy = torch.rand(6, 4, generator=gen)
+    kw = dict(mask=mask, weights=weights, clip_scale=scale, entropy=entropy)
+    loss_a, stats_a = policy_loss(new, old, adv, cfg, **kw)
+    loss_a.backward()
+    grad_a = new.grad.clone()
+    new.grad = None
+    loss_b, stats_b = policy_loss(None, None, adv, cfg, log_ratio=new - old, **kw)
+    loss_b.backward()
+    assert torch.equal(loss_a, loss_b)
+    assert stats_a.keys() == stats_b.keys()
+    for k in stats_a:
+        assert torch.equal(stats_a[k], stats_b[k]), k
+    assert torch.equal(grad_a, new.grad)
+    # 1-D elements as well
+    flat_a, fs_a = policy_loss(new[:, 0], old[:, 0], adv[:, 0], cfg, entropy=entropy[:, 0])
+    flat_b, fs_b = policy_loss(
+        None, None, adv[:, 0], cfg, log_ratio=new[:, 0] - old[:, 0], entropy=entropy[:, 0]
+    )
+    assert torch.equal(flat_a, flat_b)
+    assert all(torch.equal(fs_a[k], fs_b[k]) for k in fs_a)
+
+
+def test_log_ratio_refuses_what_needs_log_probabilities():
+    lr = torch.zeros(3)
+    adv = torch.ones(3)
+    with pytest.raises(ValueError, match="not both"):
+        policy_loss(torch.zeros(3), torch.zeros(3), adv, PolicyLossConfig(), log_ratio=lr)
+    with pytest.raises(ValueError, match="not both"):
+        policy_loss(torch.zeros(3), None, adv, PolicyLossConfig(), log_ratio=lr)
+    with pytest.raises(ValueError, match="needs logp_new and logp_old"):
+        policy_loss(None, None, adv, PolicyLossConfig())
+    with pytest.raises(ValueError, match="REINFORCE"):
+        policy_loss(None, None, adv, get_loss_config("reinforce"), log_ratio=lr)
+    with pytest.raises(ValueError, match="KL to a reference"):
+        policy_loss(None, None, adv, get_loss_config("grpo"), log_ratio=lr)
+    with pytest.raises(ValueError, match="KL to a reference"):
+        policy_loss(None, None, adv, PolicyLossConfig(), log_ratio=lr, logp_ref=lr)
+    with pytest.raises(ValueError, match="decoupled proximal"):
+        policy_loss(None, None, adv, PolicyLossConfig(decoupled=True), log_ratio=lr)
+    with pytest.raises(ValueError, match="decoupled proximal"):
+        policy_loss(None, None, adv, PolicyLossConfig(), log_ratio=lr, logp_prox=lr)
+    with pytest.raises(ValueError, match="log_ratio has shape"):
+        policy_loss(None, None, adv, PolicyLossConfig(), log_ratio=lr, mask=torch.ones(2))
+    with pytest.raises(ValueError, match="log_ratio must be 1-D"):
+        policy_loss(None, None, adv, PolicyLossConfig(), log_ratio=torch.zeros(1, 1, 3))

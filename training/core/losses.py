@@ -262,7 +262,11 @@ def aggregate(
 
 
 def _broadcast_arg(
-    x: torch.Tensor | None, shape: torch.Size, name: str, one_d: bool
+    x: torch.Tensor | None,
+    shape: torch.Size,
+    name: str,
+    one_d: bool,
+    like_name: str = "logp_new",
 ) -> torch.Tensor | None:
     """Bring a per-element or per-row argument to the [B, T] layout, or explain why not."""
     if x is None:
@@ -271,13 +275,13 @@ def _broadcast_arg(
         if x.shape[0] != shape[0]:
             raise ValueError(
                 f"{name} of shape {tuple(x.shape)} is read as one value per row, but "
-                f"logp_new has {shape[0]} rows (shape {tuple(shape)})"
+                f"{like_name} has {shape[0]} rows (shape {tuple(shape)})"
             )
         x = x.unsqueeze(-1)
     elif one_d:
         if x.dim() != 1 or x.shape[0] != shape[0]:
             raise ValueError(
-                f"{name} has shape {tuple(x.shape)} but logp_new has shape ({shape[0]},)"
+                f"{name} has shape {tuple(x.shape)} but {like_name} has shape ({shape[0]},)"
             )
         x = x.unsqueeze(-1)
     try:
@@ -286,18 +290,20 @@ def _broadcast_arg(
         out_shape = None
     if out_shape != shape:
         raise ValueError(
-            f"{name} of shape {tuple(x.shape)} does not broadcast to logp_new's shape "
+            f"{name} of shape {tuple(x.shape)} does not broadcast to {like_name}'s shape "
             f"{tuple(shape)}"
         )
     return x.expand(shape)
 
 
-def _same_shape(x: torch.Tensor | None, like: torch.Tensor, name: str) -> torch.Tensor | None:
+def _same_shape(
+    x: torch.Tensor | None, like: torch.Tensor, name: str, like_name: str = "logp_new"
+) -> torch.Tensor | None:
     if x is None:
         return None
     if x.shape != like.shape:
         raise ValueError(
-            f"{name} has shape {tuple(x.shape)} but logp_new has shape {tuple(like.shape)}"
+            f"{name} has shape {tuple(x.shape)} but {like_name} has shape {tuple(like.shape)}"
         )
     return _as_rows(x, name)
 
@@ -314,9 +320,39 @@ def _row_mean(x: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     return (_masked(x, m).sum(-1, keepdim=True) / total).expand_as(x)
 
 
+def _check_log_ratio_use(
+    logp_new: torch.Tensor | None,
+    logp_old: torch.Tensor | None,
+    cfg: PolicyLossConfig,
+    logp_ref: torch.Tensor | None,
+    logp_prox: torch.Tensor | None,
+) -> None:
+    """A log-ratio replaces the pair; refuse what needs the log-probabilities themselves."""
+    if logp_new is not None or logp_old is not None:
+        raise ValueError(
+            "policy_loss takes either logp_new and logp_old or log_ratio, not both: "
+            "pass None for logp_new and logp_old when giving log_ratio"
+        )
+    if cfg.ratio == "none":
+        raise ValueError(
+            "PolicyLossConfig.ratio='none' (REINFORCE, -logp_new * A) needs logp_new; "
+            "a log_ratio alone cannot give it"
+        )
+    if logp_ref is not None or cfg.kl_coef > 0:
+        raise ValueError(
+            "a KL to a reference policy (logp_ref, kl_coef) needs logp_new; "
+            "a log_ratio alone cannot give it"
+        )
+    if logp_prox is not None or cfg.decoupled:
+        raise ValueError(
+            "the decoupled proximal policy (logp_prox, decoupled) needs logp_new and "
+            "logp_old; a log_ratio alone cannot give it"
+        )
+
+
 def policy_loss(
-    logp_new: torch.Tensor,
-    logp_old: torch.Tensor,
+    logp_new: torch.Tensor | None,
+    logp_old: torch.Tensor | None,
     advantages: torch.Tensor,
     cfg: PolicyLossConfig,
     *,
@@ -326,6 +362,7 @@ def policy_loss(
     entropy: torch.Tensor | None = None,
     logp_prox: torch.Tensor | None = None,
     clip_scale: torch.Tensor | None = None,
+    log_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Scalar loss and detached statistics for one minibatch.
 
@@ -333,6 +370,15 @@ def policy_loss(
     [B, T] batch) or anything that broadcasts to [B, T]; logp_old, logp_ref, entropy,
     logp_prox and mask must match logp_new's shape. Only the policy term is multiplied by
     ``weights``; the KL and entropy terms are aggregated over the same valid elements.
+
+    log_ratio: for a learner without a likelihood, an estimate of log(p_new / p_old) per
+    element, with gradient (FPO: L_cfm_old - L_cfm_new). It is given *instead of* the
+    pair, ``policy_loss(None, None, advantages, cfg, log_ratio=...)``, and everything
+    else is shaped like it; loss and statistics are the same, to the bit, as with a pair
+    whose difference it is. What needs the log-probabilities themselves raises a
+    ValueError: ratio="none" (REINFORCE's -logp_new * A), a KL to a reference
+    (logp_ref, kl_coef) and the decoupled proximal policy (logp_prox, decoupled). An
+    ``entropy`` tensor is the learner's own and stays allowed.
 
     Statistics: policy_loss, clip_frac (valid elements whose gradient a clip cut off; for
     "spo", which does not clip, the elements outside the PPO range [1-eps_low,
@@ -342,27 +388,40 @@ def policy_loss(
     """
     if not isinstance(cfg, PolicyLossConfig):
         raise ValueError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
-    if logp_new.dim() not in (1, 2):
+    from_ratio = log_ratio is not None
+    if from_ratio:
+        _check_log_ratio_use(logp_new, logp_old, cfg, logp_ref, logp_prox)
+        like, like_name = log_ratio, "log_ratio"
+    else:
+        if logp_new is None or logp_old is None:
+            raise ValueError(
+                "policy_loss needs logp_new and logp_old (or log_ratio, with both None)"
+            )
+        like, like_name = logp_new, "logp_new"
+    assert like is not None
+    if like.dim() not in (1, 2):
         raise ValueError(
-            f"logp_new must be 1-D [N] or 2-D [B, T], got shape {tuple(logp_new.shape)}"
+            f"{like_name} must be 1-D [N] or 2-D [B, T], got shape {tuple(like.shape)}"
         )
-    one_d = logp_new.dim() == 1
-    new = _as_rows(logp_new, "logp_new")
+    one_d = like.dim() == 1
+    # new: per-element log-probabilities, or the given log-ratios
+    new = _as_rows(like, like_name)
     shape = new.shape
-    old = _same_shape(logp_old, logp_new, "logp_old")
-    ref = _same_shape(logp_ref, logp_new, "logp_ref")
-    ent = _same_shape(entropy, logp_new, "entropy")
-    prox = _same_shape(logp_prox, logp_new, "logp_prox")
-    if mask is not None and mask.shape != logp_new.shape:
+    old = None if from_ratio else _same_shape(logp_old, like, "logp_old")
+    ref = _same_shape(logp_ref, like, "logp_ref")
+    ent = _same_shape(entropy, like, "entropy", like_name)
+    prox = _same_shape(logp_prox, like, "logp_prox")
+    if mask is not None and mask.shape != like.shape:
         raise ValueError(
-            f"mask has shape {tuple(mask.shape)} but logp_new has shape {tuple(logp_new.shape)}"
+            f"mask has shape {tuple(mask.shape)} but {like_name} has shape {tuple(like.shape)}"
         )
     m = None if mask is None else _mask_rows(mask, new)
-    adv = _broadcast_arg(advantages, shape, "advantages", one_d)
-    w = _broadcast_arg(weights, shape, "weights", one_d)
-    scale = _broadcast_arg(clip_scale, shape, "clip_scale", one_d)
+    adv = _broadcast_arg(advantages, shape, "advantages", one_d, like_name)
+    w = _broadcast_arg(weights, shape, "weights", one_d, like_name)
+    scale = _broadcast_arg(clip_scale, shape, "clip_scale", one_d, like_name)
+    assert adv is not None
     adv = adv.detach().to(new.dtype)
-    old = old.detach()
+    old = None if old is None else old.detach()
 
     if cfg.decoupled and prox is None:
         raise ValueError("cfg.decoupled=True needs logp_prox (the proximal policy's log-probs)")
@@ -373,10 +432,15 @@ def policy_loss(
     if cfg.entropy_coef > 0 and ent is None:
         raise ValueError(f"cfg.entropy_coef={cfg.entropy_coef} needs entropy")
 
-    # The clip anchor is the behaviour policy, or the proximal policy when decoupled.
-    anchor = prox.detach() if prox is not None else old
-    log_ratio = new - anchor
-    off_policy_log_w = (anchor - old) if prox is not None else None
+    off_policy_log_w = None
+    if from_ratio:
+        log_ratio = new
+    else:
+        assert old is not None
+        # The clip anchor is the behaviour policy, or the proximal policy when decoupled.
+        anchor = prox.detach() if prox is not None else old
+        log_ratio = new - anchor
+        off_policy_log_w = (anchor - old) if prox is not None else None
     if cfg.ratio == "sequence":
         log_ratio = _row_mean(log_ratio, m)
         if off_policy_log_w is not None:
@@ -444,12 +508,18 @@ def policy_loss(
     with torch.no_grad():
         stats["policy_loss"] = pg_loss.detach()
         stats["clip_frac"] = _masked_mean(clipped.to(new.dtype), m)
-        stats["approx_kl"] = _masked_mean(kl_estimate(old, new.detach(), "k3"), m)
-        shown_ratio = (
-            torch.exp((new - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-            if cfg.ratio == "none"
-            else ratio
-        )
+        if old is None:
+            # k3 of KL(old || new) is exp(l) - l - 1 of the element's log-ratio l; written
+            # out as kl_estimate(old, new) computes it (-(old - new) is new - old exactly)
+            l_el = new.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+            stats["approx_kl"] = _masked_mean(torch.exp(l_el) - l_el - 1.0, m)
+        else:
+            stats["approx_kl"] = _masked_mean(kl_estimate(old, new.detach(), "k3"), m)
+        if cfg.ratio == "none":
+            assert old is not None
+            shown_ratio = torch.exp((new - old).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+        else:
+            shown_ratio = ratio
         shown_ratio = shown_ratio.detach()
         stats["ratio_mean"] = _masked_mean(shown_ratio, m)
         valid = shown_ratio if m is None else shown_ratio[m > 0]

@@ -1,0 +1,258 @@
+"""FPO: flow policy optimization with a flow-matching likelihood ratio.
+
+Flow Policy Optimization (McAllister et al. 2025) needs no likelihood of a sampled chunk.
+Its ratio replaces log(p_new / p_old) of a chunk x1 by a difference of conditional
+flow-matching losses, estimated with the same draws under both parameters::
+
+    L(theta) = 1/N sum_i l_theta(tau_i, eps_i),   l = reduce_chunk (v_theta(x_tau, tau) - (x1 - eps))^2
+    log r = L_old - L_new,   x_tau = (1 - tau) eps + tau x1
+
+(:meth:`policies.flow.FlowPolicy.cfm_loss`; a lower loss is a higher ELBO). Here:
+
+- Acting: the flow's own sampler, Euler with ``flow_steps`` steps from x0 ~ N(0, I)
+  (the randomness of x0 is the exploration, as in the paper), optionally plus Gaussian
+  noise of std ``explore_std`` on the sampled chunk (off by default). The stored x1 is
+  the chunk as sampled (before clipping to the action bounds): the flow's own sample,
+  whose loss the ratio compares.
+- N (tau, eps) pairs per sampled chunk (tau ~ U[0, 1], eps ~ N(0, I)) are drawn once,
+  when the chunk is sampled, and stored with L_cfm under the acting parameters; every
+  epoch recomputes L_cfm under the current parameters with the same draws, so the
+  ratio is 1 before the first step (to the bit on the CPU: tests/test_fpo.py).
+- Granularity: one ratio per chunk, from the mean over its N pairs inside the exponent
+  (as the paper), not one per pair.
+- Crediting: the core's elements are the executed env steps. The row of env step t
+  holds the ratio of the chunk it executed and t's advantage, so a chunk is credited
+  once per executed position (never for positions it did not execute); with the
+  token-mean aggregation this weighs a chunk by its executed count, and each env step
+  keeps its own advantage sign inside the clip.
+- Shortcut models: the ratio moves the instantaneous velocity (d = 0); a few-step
+  shortcut sampler follows only through the self-consistency term on the rollout's
+  own chunks (``consistency_coef``), which chains every step size back to d = 0.
+- Critic on observations, GAE with time-out bootstrap, value loss and the guarded step
+  as DPPO; the loss is the core's ``policy_loss`` with ``log_ratio``.
+
+Works from scratch (random networks: the first samples are about N(0, I), clipped) as
+well as from a flow BC start; from scratch the observation normalizer learns from the
+rollouts (:class:`training.algorithms.reinflow.ChunkLearner`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from policies.flow import FlowPolicy, check_steps
+from training.algorithms.base import OnPolicyConfig
+from training.algorithms.reinflow import ChunkLearner
+from training.core import PolicyLossConfig, get_loss_config, policy_loss
+from training.storage import ChunkRolloutStorage
+
+REDUCTIONS = ("mean", "sum")
+
+__all__ = ["FPO", "FPOConfig"]
+
+
+@dataclass
+class FPOConfig(OnPolicyConfig):
+    """FPO: rollout, the sampler, the flow-matching draws, clipping, rates, value loss.
+
+    Rollout, epochs and rates follow this project's DPPO settings; not yet tuned on
+    FPO's own benchmark.
+    """
+
+    num_steps: int = 64
+    num_epochs: int = 8
+    clip: float = 0.05
+    """Ratio clip range (the paper's FPO clips more tightly than PPO)."""
+    value_coef: float = 0.5
+    value_clip: float | None = None
+    value_normalization: bool = True
+    flow_steps: int | None = None
+    """Euler steps of the acting sampler, 1 to 10 (None: the policy's sample_steps);
+    the policy keeps it for evaluation and export."""
+    num_draws: int = 8
+    """N, the (tau, eps) pairs per sampled chunk that estimate its flow-matching loss."""
+    cfm_reduce: str = "mean"
+    """A draw's loss from the chunk's dimensions: "mean" (keeps the ratio's scale
+    independent of horizon and action size) or "sum" (the squared norm)."""
+    explore_std: float = 0.0
+    """Std of Gaussian noise added to each sampled chunk (normalized action units) for
+    exploration beyond the sampler's own x0 ~ N(0, I) (0: none, as the paper)."""
+    consistency_coef: float = 1.0
+    """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
+    few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
+    flow-matching policy)."""
+    actor_lr: float = 3e-4
+    """Learning rate of the velocity network."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic."""
+    update_obs_normalizer: bool | None = None
+    """Fold each rollout's observations into the actor's normalizer after the update
+    (None: only when the policy's normalizer has seen no data, i.e. from scratch)."""
+
+    def __post_init__(self) -> None:
+        check = self.check_common()
+        check.ints("num_draws")
+        check.finite("explore_std", "consistency_coef", "actor_lr", "critic_lr")
+        check.nonnegative("explore_std", "consistency_coef")
+        check.positive("actor_lr", "critic_lr")
+        check.one_of("cfm_reduce", REDUCTIONS)
+        if self.flow_steps is not None:
+            check_steps(self.flow_steps, "FPOConfig.flow_steps")
+        self.loss_config()
+
+    def loss_config(self) -> PolicyLossConfig:
+        return get_loss_config(self.loss, eps_low=self.clip, eps_high=self.clip)
+
+
+class FPO(ChunkLearner):
+    """The FPO learner: chunks from the flow sampler, stored draws, the ratio of losses.
+
+    policy: a FlowPolicy (pretrained or not); its velocity network and the critic train,
+    the noise network stays frozen. obs_sizes: the observation groups to store.
+    """
+
+    stat_names = (
+        "policy_loss",
+        "value_loss",
+        "consistency_loss",
+        "cfm_loss",
+        "approx_kl",
+        "clip_frac",
+        "ratio_max",
+    )
+
+    def __init__(
+        self,
+        policy: FlowPolicy,
+        cfg: FPOConfig,
+        num_envs: int,
+        obs_sizes: Mapping[str, int],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device)
+        pcfg = policy.cfg
+        actor_params = policy.enable_finetuning(cfg.flow_steps, velocity=True, noise=False)
+        self.steps = policy.steps
+        self.num_envs = int(num_envs)
+        self.horizon, self.act_steps = pcfg.horizon, pcfg.act_steps
+        self.action_size = policy.action_size
+        self.loss_cfg = cfg.loss_config()
+        critic_params = list(policy.critic.parameters())
+        self.params = actor_params + critic_params
+        self.optimizer = torch.optim.Adam(
+            [
+                {"params": actor_params, "lr": cfg.actor_lr},
+                {"params": critic_params, "lr": cfg.critic_lr},
+            ],
+            fused=True,
+        )
+        if cfg.num_minibatches > cfg.num_steps * self.num_envs:
+            raise ValueError(
+                f"FPOConfig.num_minibatches ({cfg.num_minibatches}) exceeds the rollout "
+                f"size ({cfg.num_steps} x {self.num_envs})"
+            )
+        # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
+        self.storage = ChunkRolloutStorage(
+            cfg.num_steps,
+            self.num_envs,
+            obs_sizes,
+            policy.policy_obs_size,
+            0,
+            self.horizon,
+            self.action_size,
+            self.device,
+        )
+        cap = cfg.num_steps * self.num_envs
+        n = cfg.num_draws
+        z = dict(device=self.device)
+        self.tau = torch.zeros(cap, n, **z)
+        self.eps = torch.zeros(cap, n, self.horizon, self.action_size, **z)
+        self.loss_old = torch.zeros(cap, n, **z)
+        self._init_chunk_state(cfg.update_obs_normalizer)
+
+    # ------------------------------------------------------------------ acting
+    def _new_chunks(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, pol = self.cfg, self.policy
+        s = pol.sample(
+            obs, self.steps, generator=self.generator, stochastic=False, return_chain=True
+        )
+        assert s.chain is not None
+        x1 = s.chain[:, -1]
+        n = obs.shape[0]
+        if cfg.explore_std > 0:
+            noise = torch.randn(x1.shape, generator=self.generator).to(x1.device)
+            x1 = x1 + cfg.explore_std * noise
+        tau = torch.rand(n, cfg.num_draws, generator=self.generator).to(x1.device)
+        eps = torch.randn(n, cfg.num_draws, *x1.shape[1:], generator=self.generator)
+        eps = eps.to(x1.device)
+        loss = pol.cfm_loss(obs, x1, tau, eps, cfg.cfm_reduce)
+        ids = self.storage.add_chunks(obs, x1.unsqueeze(1), x1.new_zeros(n, 0, self.horizon))
+        self.tau[ids] = tau
+        self.eps[ids] = eps
+        self.loss_old[ids] = loss
+        return pol.denormalize_actions(x1.clamp(-1.0, 1.0)), ids
+
+    # ------------------------------------------------------------------ update
+    def chunk_log_ratio(self, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log r [C], L_new [C, N]) of the stored chunks ``cb``: the mean over their N
+        draws of L_old - L_new, with gradient through L_new."""
+        st = self.storage
+        new = self.policy.cfm_loss(
+            st.chunk_obs[cb], st.chunk_chain[cb, 0], self.tau[cb], self.eps[cb], self.cfg.cfm_reduce
+        )
+        return (self.loss_old[cb] - new).mean(-1), new
+
+    def _minibatch_step(
+        self,
+        cb: torch.Tensor,
+        adv_c: torch.Tensor,
+        mask_c: torch.Tensor,
+        obs: dict[str, torch.Tensor],
+        target: torch.Tensor,
+        old_v: torch.Tensor,
+    ) -> list[float] | None:
+        cfg, st = self.cfg, self.storage
+        log_ratio, new = self.chunk_log_ratio(cb)
+        # rows: one per (chunk, position), each with its chunk's ratio
+        rows_lr = log_ratio.unsqueeze(-1).expand(-1, self.horizon).reshape(-1)
+        pl, pstats = policy_loss(
+            None,
+            None,
+            adv_c[cb].reshape(-1),
+            self.loss_cfg,
+            mask=mask_c[cb].reshape(-1),
+            log_ratio=rows_lr,
+        )
+        vl = self._value_loss(self.policy.value(obs), old_v, target)
+        loss = pl + cfg.value_coef * vl
+        sc = torch.zeros((), device=self.device)
+        if cfg.consistency_coef > 0 and self.policy.cfg.shortcut:
+            sc = self.policy.consistency_loss(
+                st.chunk_obs[cb], st.chunk_chain[cb, 0], generator=self.generator
+            )
+            loss = loss + cfg.consistency_coef * sc
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        stats = [
+            loss,
+            pstats["policy_loss"],
+            vl,
+            sc,
+            new.detach().mean(),
+            pstats["approx_kl"],
+            pstats["clip_frac"],
+            pstats["ratio_max"],
+        ]
+        values = self.guard.step(stats)
+        return None if values is None else values[1:]
+
+    def _extra_stats(self) -> dict[str, float]:
+        c = self.storage.num_chunks
+        lo = self.loss_old[:c]
+        return {"cfm_loss_old": float(lo.mean()) if c else math.nan}
