@@ -246,10 +246,11 @@ def _train_with_evals(runner, budget: int, evals: int, evaluate) -> dict[str, An
 
 def dppo_config(task: str, bc_dir: str, seed: int, budget: int, extra: list[str]):
     """The fine-tuning run's resolved config: DPPO defaults, the task's preset, `extra`."""
-    from training.policy_kinds import dppo_config_from
+    from training.policy_kinds import finetune_config_from
+    from training.train_configs import DPPOTrainConfig
 
     over = QUIET_DIFF + [f"run.seed={seed}", f"dppo.seed={seed}", f"run.total_steps={budget}"]
-    return dppo_config_from(bc_dir, task, over + extra)
+    return finetune_config_from(DPPOTrainConfig, bc_dir, task, over + extra)
 
 
 def _gauss_cfg(task: str, seed: int, budget: int, extra: list[str]):

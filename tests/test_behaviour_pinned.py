@@ -112,7 +112,7 @@ def test_bc_then_dppo_reproduce_the_recorded_runs(tmp_path):
     from training.bc_runner import BCRunner
     from training.policy_kinds import load_policy
     from training.runner import OnPolicyRunner
-    from training.train_configs import build_bc_config, build_dppo_config
+    from training.train_configs import DPPOTrainConfig, build_bc_config, build_finetune_config
 
     bc_over = QUIET + [
         "bc.num_updates=20",
@@ -152,7 +152,7 @@ def test_bc_then_dppo_reproduce_the_recorded_runs(tmp_path):
         "dppo.target_kl=0.5",
     ]
     init = load_policy(tmp_path / "bc")
-    cfg = build_dppo_config(init.cfg, str(tmp_path / "bc"), None, d_over)
+    cfg = build_finetune_config(DPPOTrainConfig, init.cfg, str(tmp_path / "bc"), None, d_over)
     dppo = OnPolicyRunner(cfg, tmp_path / "dppo")
     dppo.train()
     want = PINNED["dppo_hopper"]

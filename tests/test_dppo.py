@@ -188,8 +188,9 @@ def _make_bc_run(tmp_path, task: str = "hopper"):
 def test_dppo_runner_exact_resume_and_export(tmp_path):
     from deploy.sim2sim import evaluate_onnx
     from training.export import export_run
-    from training.policy_kinds import dppo_config_from, load_policy
+    from training.policy_kinds import finetune_config_from, load_policy
     from training.runner import OnPolicyRunner
+    from training.train_configs import DPPOTrainConfig
 
     bc = _make_bc_run(tmp_path)
     over = QUIET + [
@@ -202,14 +203,16 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
         "run.checkpoint_every=1",
     ]
     straight = OnPolicyRunner(
-        dppo_config_from(bc, "hopper", over + ["run.total_steps=48"]), tmp_path / "a"
+        finetune_config_from(DPPOTrainConfig, bc, "hopper", over + ["run.total_steps=48"]),
+        tmp_path / "a",
     )
     straight.train()
     first = OnPolicyRunner(
-        dppo_config_from(bc, "hopper", over + ["run.total_steps=32"]), tmp_path / "b"
+        finetune_config_from(DPPOTrainConfig, bc, "hopper", over + ["run.total_steps=32"]),
+        tmp_path / "b",
     )
     first.train()
-    cfg = dppo_config_from(bc, "hopper", over + ["run.total_steps=48"])
+    cfg = finetune_config_from(DPPOTrainConfig, bc, "hopper", over + ["run.total_steps=48"])
     resumed = OnPolicyRunner(cfg, tmp_path / "b", resume=tmp_path / "b")
     resumed.train()
     for (k, v), (_, w) in zip(
@@ -240,7 +243,8 @@ def test_dppo_runner_exact_resume_and_export(tmp_path):
 
 def test_dppo_config_errors(tmp_path):
     from training.config import ConfigError
-    from training.policy_kinds import dppo_config_from
+    from training.policy_kinds import finetune_config_from
+    from training.train_configs import DPPOTrainConfig
 
     with pytest.raises(ValueError, match="clip_base"):
         DPPOConfig(clip=0.01, clip_base=0.1)
@@ -250,22 +254,23 @@ def test_dppo_config_errors(tmp_path):
         DPPO(_policy(steps=3), DPPOConfig(ft_steps=4), num_envs=1, obs_sizes={"policy": OBS})
     bc = _make_bc_run(tmp_path)
     with pytest.raises(ConfigError, match="pretrained networks"):
-        dppo_config_from(bc, "hopper", ["policy.hidden=8,8"])
+        finetune_config_from(DPPOTrainConfig, bc, "hopper", ["policy.hidden=8,8"])
 
 
 def test_dppo_task_preset_sits_between_defaults_and_overrides(tmp_path):
-    from training.policy_kinds import dppo_config_from
+    from training.policy_kinds import finetune_config_from
     from training.presets import DPPO_PRESETS
+    from training.train_configs import DPPOTrainConfig
 
     default = DPPOConfig()
-    hopper = dppo_config_from(_make_bc_run(tmp_path / "h"), "hopper")
+    hopper = finetune_config_from(DPPOTrainConfig, _make_bc_run(tmp_path / "h"), "hopper")
     assert (hopper.dppo.clip, hopper.dppo.clip_base) == (default.clip, default.clip_base)
     bc = str(_make_bc_run(tmp_path / "c", "halfcheetah"))
-    cheetah = dppo_config_from(bc)
+    cheetah = finetune_config_from(DPPOTrainConfig, bc)
     preset = DPPO_PRESETS["halfcheetah"]
     assert cheetah.dppo.clip == preset["dppo.clip"] != default.clip
     assert cheetah.dppo.clip_base == preset["dppo.clip_base"] != default.clip_base
-    mine = dppo_config_from(bc, "halfcheetah", ["dppo.clip=0.05"])
+    mine = finetune_config_from(DPPOTrainConfig, bc, "halfcheetah", ["dppo.clip=0.05"])
     assert (mine.dppo.clip, mine.dppo.clip_base) == (0.05, preset["dppo.clip_base"])
 
 

@@ -18,8 +18,9 @@ import torch
 from deploy.metadata import read_metadata
 from training.checkpoint import load_checkpoint
 from training.export import export_run
-from training.policy_kinds import dppo_config_from, load_policy
+from training.policy_kinds import finetune_config_from, load_policy
 from training.runner import OnPolicyRunner
+from training.train_configs import DPPOTrainConfig
 
 OLD = Path(__file__).parent / "data" / "checkpoints_v0"
 QUIET = ["run.progress=false", "run.tensorboard=false"]
@@ -61,7 +62,8 @@ def test_old_ppo_run_resumes(old_runs):
 
 
 def test_old_bc_run_starts_dppo_and_old_dppo_run_resumes(old_runs, tmp_path):
-    cfg = dppo_config_from(
+    cfg = finetune_config_from(
+        DPPOTrainConfig,
         old_runs / "bc",
         overrides=QUIET
         + ["env.num_envs=2", "dppo.num_steps=4", "dppo.ft_steps=2", "run.total_steps=8"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DiffusionActor", "TorchActor"]
+__all__ = ["ChunkActor", "TorchActor"]
 
 
 class TorchActor:
@@ -33,9 +33,9 @@ class TorchActor:
         return out[0]
 
 
-class DiffusionActor:
-    """A generative policy's inference module with its chunk state; reset envs start a
-    new chunk.
+class ChunkActor:
+    """A generative policy's (diffusion, flow) inference module with its chunk state;
+    reset envs start a new chunk.
 
     deterministic: zero noise, which the graph maps to the policy's canonical noise draw
     (the export's deterministic mode); else standard normal noise from a Generator
@@ -57,7 +57,7 @@ class DiffusionActor:
         self.state = [s.to(device) for s in self.state]
         self.deterministic = deterministic
         self.generator = torch.Generator().manual_seed(seed)
-        self.noise_shape = (num_envs, self.module.horizon, self.module.action_size)
+        self.noise_shape = (num_envs, *self.module.info.noise_shape)
         self.device = device
 
     @torch.no_grad()

@@ -1,8 +1,10 @@
-"""Behaviour cloning of a diffusion policy from demonstrations, with exact resume.
+"""Behaviour cloning of a generative policy (diffusion, flow) from demonstrations, with
+exact resume.
 
 The run's pieces are the on-policy runner's (train config sections, checkpoint payload,
 logger, loop, evaluation); only the data source differs: windows of an HDF5
-demonstration file instead of rollouts. Checkpoint kind ``diffusion_bc``: ``policy``
+demonstration file instead of rollouts. Checkpoint kinds ``diffusion_bc`` and
+``flow_bc`` (by the config's policy): ``policy``
 holds the raw weights for resuming, the algorithm state the averaged (EMA) weights,
 and the two together are the trained policy that evaluation, export and DPPO use.
 """
@@ -33,11 +35,9 @@ from training.policy_kinds import (
 from training.run_control import train_loop
 from training.run_dir import prepare_run_dir
 from training.runner import run_payload, write_config
-from training.train_configs import BCTrainConfig
+from training.train_configs import BCTrainConfig, FlowBCTrainConfig
 
 __all__ = ["BCRunner", "check_dataset"]
-
-KIND = CHECKPOINT_KINDS["diffusion_bc"]
 
 
 def check_dataset(data: DemoDataset, env, source: str) -> None:
@@ -62,11 +62,11 @@ def check_dataset(data: DemoDataset, env, source: str) -> None:
 
 
 class BCRunner:
-    """Pretrain a diffusion policy on a demonstration file; exact resume."""
+    """Pretrain a diffusion or flow policy on a demonstration file; exact resume."""
 
     def __init__(
         self,
-        cfg: BCTrainConfig,
+        cfg: BCTrainConfig | FlowBCTrainConfig,
         run_dir: str | os.PathLike,
         resume: str | os.PathLike | None = None,
     ) -> None:
@@ -77,7 +77,8 @@ class BCRunner:
         self.device = torch.device(cfg.run.device)
         torch.manual_seed(cfg.run.seed)
         self.data = load_demos(cfg.data, task=cfg.env.task)
-        self.family = family = KIND.family
+        self.kind = CHECKPOINT_KINDS[cfg.KIND]  # diffusion_bc or flow_bc
+        self.family = family = self.kind.family
         self.env = make_env(cfg, num_envs=1, randomize=False, obs_history=family.obs_history(cfg))
         check_dataset(self.data, self.env, cfg.data)
         obs, actions = self.data.windows(cfg.policy.obs_history, cfg.policy.horizon)
@@ -94,7 +95,7 @@ class BCRunner:
 
     def save(self) -> Path:
         payload = {
-            "kind": KIND.name,
+            "kind": self.kind.name,
             **run_payload(self.run_dir, self.cfg, self.env, self.arch),
             "policy": self.policy.state_dict(),
             "algorithm": self.bc.state_dict(),
@@ -107,9 +108,9 @@ class BCRunner:
     def _load(self, source: str | os.PathLike) -> None:
         src = find_checkpoint(source)
         ck = load_checkpoint(src)
-        if ck.get("kind") != KIND.name:
+        if ck.get("kind") != self.kind.name:
             raise CheckpointError(
-                f"{src} is a {ck.get('kind')!r} checkpoint, not a diffusion BC one"
+                f"{src} is a {ck.get('kind')!r} checkpoint, not a {self.kind.name} one"
             )
         check_architecture(ck["architecture"], self.arch, str(src))
         self.policy.load_state_dict(ck["policy"])
@@ -123,7 +124,7 @@ class BCRunner:
             return evaluate_policy(
                 self.policy,
                 self.cfg,
-                KIND.family,
+                self.family,
                 episodes or self.cfg.run.eval_episodes,
                 seed=self.cfg.run.seed + 12345,
             )

@@ -29,12 +29,23 @@ STOPPED = 130
 
 TRAIN_ALGOS: dict[str, str] = {
     "ppo": "PPO on a Gaussian actor-critic (any task; the task's preset applies)",
-    "bc": "pretrain a diffusion policy on demonstrations (sim2real collect)",
+    "bc": "pretrain a diffusion or flow policy on demonstrations (sim2real collect)",
     "dppo": "fine-tune a pretrained diffusion policy with DPPO (--init a bc run)",
+    "reinflow": "fine-tune a pretrained flow policy with ReinFlow (--init a flow bc run)",
+    "fpo": "train a flow policy with FPO, from scratch or from a flow bc run (--init)",
     "grpo": "GRPO-family fine-tuning of a language model on verifiable rewards",
 }
-# the checkpoint kind a train command's runs write, for --resume
-_KIND = {"ppo": "ppo", "bc": "diffusion_bc", "dppo": "dppo", "grpo": "grpo"}
+# the checkpoint kinds a train command's runs write, for --resume
+_KINDS = {
+    "ppo": ("ppo",),
+    "bc": ("diffusion_bc", "flow_bc"),
+    "dppo": ("dppo",),
+    "reinflow": ("reinflow",),
+    "fpo": ("fpo",),
+    "grpo": ("grpo",),
+}
+# the learners that start from a pretrained run (--init), by their config class name
+_FINETUNE = {"dppo": "DPPOTrainConfig", "reinflow": "ReinFlowTrainConfig", "fpo": "FPOTrainConfig"}
 
 
 def _count(text: str) -> int:
@@ -80,13 +91,20 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
         p.add_argument("--task", default=None, help="task (see `sim2real tasks`)")
         if algo == "bc":
             p.add_argument("--data", default=None, help="demonstration file (sim2real collect)")
+            p.add_argument(
+                "--policy",
+                choices=("diffusion", "flow"),
+                default="diffusion",
+                help="the policy family to pretrain (default diffusion)",
+            )
             p.add_argument("--steps", type=_count, help="gradient updates (bc.num_updates)")
         else:
             p.add_argument(
                 "--steps", type=_count, help="env steps, all processes (run.total_steps)"
             )
-        if algo == "dppo":
-            p.add_argument("--init", default=None, help="pretrained diffusion run (train bc)")
+        if algo in _FINETUNE:
+            family = "diffusion" if algo == "dppo" else "flow"
+            p.add_argument("--init", default=None, help=f"pretrained {family} run (train bc)")
         p.add_argument("--device", default=None, help="cpu or cuda[:i] (run.device)")
         p.add_argument(
             "--no-artifacts", action="store_true", help="skip the final eval, plot and video"
@@ -118,12 +136,15 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
     pre.add_argument("--task", default=None)
     known, _ = pre.parse_known_args(argv)
     task = known.task or "cartpole"
+    pre.add_argument("--policy", default="diffusion")
+    known, _ = pre.parse_known_args(argv)
     if algo == "ppo":
         return tc.build_ppo_config(task)
     if algo == "bc":
-        return tc.build_bc_config(task, "")
-    if algo == "dppo":
-        return tc.DPPOTrainConfig(env=tc.EnvConfig(task=task, num_envs=16, randomize=False))
+        return tc.build_bc_config(task, "", policy=known.policy)
+    if algo in _FINETUNE:
+        cls = getattr(tc, _FINETUNE[algo])
+        return cls(env=tc.EnvConfig(task=task, num_envs=16, randomize=False))
     from training.grpo.config import GRPOTrainConfig
 
     return GRPOTrainConfig()
@@ -138,7 +159,7 @@ def _resumed_config(
 
     ck_path = find_checkpoint(a.resume)
     ck = load_checkpoint(ck_path)
-    if ck.get("kind") != _KIND[algo]:
+    if ck.get("kind") not in _KINDS[algo]:
         raise CheckpointError(
             f"{a.resume} is a {ck.get('kind')!r} checkpoint, not a {algo} run; resume it with "
             f"the command that made it"
@@ -186,7 +207,8 @@ def _overrides(algo: str, a: argparse.Namespace) -> dict[str, Any]:
     if a.config:
         try:
             mapping = read_config_file(a.config)
-            merged.update(overrides_from_mapping(_config_template(algo), mapping))
+            template = _config_template(algo, getattr(a, "policy", "diffusion"))
+            merged.update(overrides_from_mapping(template, mapping))
         except ConfigError as e:
             raise ConfigError(f"{a.config}: {e}" if a.config not in str(e) else str(e)) from None
     merged.update(parse_override(o) for o in _flag_overrides(algo, a))
@@ -195,7 +217,7 @@ def _overrides(algo: str, a: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
-def _config_template(algo: str) -> Any:
+def _config_template(algo: str, a_policy: str = "diffusion") -> Any:
     """A config of the command's type, for reading a config file against its fields."""
     from training import train_configs as tc
 
@@ -203,15 +225,19 @@ def _config_template(algo: str) -> Any:
         from training.grpo.config import GRPOTrainConfig
 
         return GRPOTrainConfig()
-    return {"ppo": tc.PPOTrainConfig, "bc": tc.BCTrainConfig, "dppo": tc.DPPOTrainConfig}[algo]()
+    if algo == "ppo":
+        return tc.PPOTrainConfig()
+    if algo == "bc":
+        return tc.BC_CONFIGS[a_policy]()
+    return getattr(tc, _FINETUNE[algo])()
 
 
 def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
-    steps_key = {"ppo": "run.total_steps", "dppo": "run.total_steps", "bc": "bc.num_updates"}
+    steps_key = {"bc": "bc.num_updates", "grpo": "run.steps"}
     flags = [
         (a.seed, "run.seed"),
         (getattr(a, "device", None), "run.device"),
-        (a.steps, steps_key.get(algo, "run.steps")),
+        (a.steps, steps_key.get(algo, "run.total_steps")),
     ]
     if algo == "grpo":
         flags += [(a.model, "model.path"), (a.data, "data")]
@@ -231,18 +257,24 @@ def _new_config(
             raise ConfigError("sim2real train bc needs --data <demonstrations.hdf5>")
         from training.demos import load_demos
 
-        cfg = build_bc_config(a.task or load_demos(a.data).task, a.data, overrides)
+        cfg = build_bc_config(a.task or load_demos(a.data).task, a.data, overrides, a.policy)
+    elif algo == "fpo" and not a.init:
+        from training.train_configs import build_fpo_config
+
+        cfg = build_fpo_config(a.task or "cartpole", overrides)
     else:
         if not a.init:
-            raise ConfigError("sim2real train dppo needs --init <pretrained diffusion run>")
-        from training.policy_kinds import dppo_config_from
+            raise ConfigError(f"sim2real train {algo} needs --init <pretrained run>")
+        from training import train_configs as tc
+        from training.policy_kinds import finetune_config_from
 
-        cfg = dppo_config_from(a.init, a.task, overrides)
+        cfg = finetune_config_from(getattr(tc, _FINETUNE[algo]), a.init, a.task, overrides)
     return cfg, Path(a.run_dir) if a.run_dir else default_run_dir(cfg.env.task, algo)
 
 
 def _train_sim(algo: str, a: argparse.Namespace) -> int:
-    """ppo, dppo, bc: train, then the run's artifacts and (--export) its ONNX file."""
+    """Every learner that steps the simulator: train, then the run's artifacts and
+    (--export) its ONNX file."""
     from training.artifacts import finish_run
 
     overrides = _overrides(algo, a)

@@ -13,13 +13,15 @@ from pathlib import Path
 
 from deploy.export import DEFAULT_OPSET, export_policy, register_exporter, registered_families
 from policies.diffusion import diffusion_exporter
+from policies.flow import flow_exporter
 from training.checkpoint import find_checkpoint
 from training.policy_kinds import load_policy
 
 __all__ = ["default_onnx_path", "export_run"]
 
-if "diffusion" not in registered_families():
-    register_exporter("diffusion", diffusion_exporter)
+for _family, _exporter in (("diffusion", diffusion_exporter), ("flow", flow_exporter)):
+    if _family not in registered_families():
+        register_exporter(_family, _exporter)
 
 
 def default_onnx_path(source: str | os.PathLike[str]) -> Path:

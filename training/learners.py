@@ -19,7 +19,9 @@ import torch
 
 from training.algorithms.base import OnPolicyAlgorithm
 from training.algorithms.dppo import DPPO
+from training.algorithms.fpo import FPO
 from training.algorithms.ppo import PPO
+from training.algorithms.reinflow import ReinFlow
 from training.policy_kinds import CHECKPOINT_KINDS, CheckpointKind
 
 __all__ = ["LEARNERS", "OnPolicyLearner"]
@@ -35,7 +37,9 @@ class OnPolicyLearner:
     build: Callable[[Any, torch.nn.Module, Any, torch.device, int], OnPolicyAlgorithm]
     """(train config, policy, env, device, world size) -> the algorithm."""
     init_field: str | None = None
-    """The config field naming a pretrained run to start from (None: from scratch)."""
+    """The config field naming a pretrained run to start from (None: always from scratch)."""
+    init_required: bool = True
+    """Whether that field must name a run (False: empty starts from scratch)."""
 
 
 def _obs_sizes(env) -> dict[str, int]:
@@ -59,13 +63,39 @@ def _build_ppo(cfg: Any, policy: Any, env, device: torch.device, world: int) -> 
     )
 
 
-def _build_dppo(cfg: Any, policy: Any, env, device: torch.device, world: int) -> DPPO:
-    return DPPO(policy, cfg.dppo, num_envs=env.num_envs, obs_sizes=_obs_sizes(env), device=device)
+def _chunk_learner(cls: type, section: str) -> Callable[..., OnPolicyAlgorithm]:
+    """The builder of a chunked generative learner (DPPO, ReinFlow, FPO): same arguments."""
+
+    def build(cfg: Any, policy: Any, env, device: torch.device, world: int) -> OnPolicyAlgorithm:
+        return cls(
+            policy,
+            getattr(cfg, section),
+            num_envs=env.num_envs,
+            obs_sizes=_obs_sizes(env),
+            device=device,
+        )
+
+    return build
 
 
 LEARNERS: dict[str, OnPolicyLearner] = {
     "ppo": OnPolicyLearner("ppo", CHECKPOINT_KINDS["ppo"], "ppo", _build_ppo),
     "dppo": OnPolicyLearner(
-        "dppo", CHECKPOINT_KINDS["dppo"], "dppo", _build_dppo, init_field="init"
+        "dppo", CHECKPOINT_KINDS["dppo"], "dppo", _chunk_learner(DPPO, "dppo"), init_field="init"
+    ),
+    "reinflow": OnPolicyLearner(
+        "reinflow",
+        CHECKPOINT_KINDS["reinflow"],
+        "reinflow",
+        _chunk_learner(ReinFlow, "reinflow"),
+        init_field="init",
+    ),
+    "fpo": OnPolicyLearner(
+        "fpo",
+        CHECKPOINT_KINDS["fpo"],
+        "fpo",
+        _chunk_learner(FPO, "fpo"),
+        init_field="init",
+        init_required=False,
     ),
 }

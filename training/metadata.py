@@ -20,7 +20,7 @@ from deploy.export import DEFAULT_OPSET
 from deploy.metadata import PolicyMetadata
 from training.checkpoint import CheckpointError
 
-__all__ = ["diffusion_metadata", "metadata_from_checkpoint"]
+__all__ = ["diffusion_metadata", "flow_metadata", "metadata_from_checkpoint"]
 
 
 def metadata_from_checkpoint(
@@ -127,27 +127,54 @@ def _json_floats(values: Any) -> str:
     return json.dumps([v if math.isfinite(v) else None for v in map(float, np.ravel(values))])
 
 
-def diffusion_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
-    """Deployment metadata of a diffusion checkpoint: the Gaussian contract (robot, terms,
-    history, run id, hashes) with family "diffusion", the noise input [horizon, A] and the
-    chunk-execution state."""
-    info = policy.info
+def _generative_metadata(
+    ck: Mapping[str, Any], family: str, info: Any, extra: dict[str, str]
+) -> PolicyMetadata:
+    """The Gaussian contract (robot, terms, history, run id, hashes) with a generative
+    family's noise input and chunk-execution state (from its inference module's info)."""
     low = np.asarray(ck["action_low"], dtype=np.float64)
     high = np.asarray(ck["action_high"], dtype=np.float64)
     meta = metadata_from_checkpoint(ck, action_bounds=(low, high))
-    extra = dict(meta.extra)
-    extra.update(
-        diffusion_sampler="ddim",
-        diffusion_steps=str(policy.cfg.sample_steps),
-        diffusion_horizon=str(info.horizon),
-        diffusion_act_steps=str(info.act_steps),
-        diffusion_ft_steps=str(policy.num_ft_steps),
-        checkpoint_kind=str(ck.get("kind")),
-    )
     return dataclasses.replace(
         meta,
-        policy_family="diffusion",
+        policy_family=family,
         recurrent_state=info.recurrent_state,
         noise_shape=list(info.noise_shape),
-        extra=extra,
+        extra={**meta.extra, **extra, "checkpoint_kind": str(ck.get("kind"))},
+    )
+
+
+def diffusion_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
+    """Deployment metadata of a diffusion checkpoint: family "diffusion", the noise input
+    [horizon, A] (x_0 of the DDIM chain) and the chunk-execution state."""
+    info = policy.info
+    return _generative_metadata(
+        ck,
+        "diffusion",
+        info,
+        {
+            "diffusion_sampler": "ddim",
+            "diffusion_steps": str(policy.cfg.sample_steps),
+            "diffusion_horizon": str(info.horizon),
+            "diffusion_act_steps": str(info.act_steps),
+            "diffusion_ft_steps": str(policy.num_ft_steps),
+        },
+    )
+
+
+def flow_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
+    """Deployment metadata of a flow checkpoint, for the deterministic-drift graph that
+    export writes: family "flow", the noise input x_0 [horizon, A], the Euler step
+    count and the chunk-execution state."""
+    info = policy.inference_module().info
+    return _generative_metadata(
+        ck,
+        "flow",
+        info,
+        {
+            "flow_steps": str(info.steps),
+            "flow_horizon": str(info.horizon),
+            "flow_act_steps": str(info.act_steps),
+            "flow_shortcut": str(bool(policy.cfg.shortcut)).lower(),
+        },
     )

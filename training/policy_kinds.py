@@ -22,20 +22,25 @@ import torch
 
 from deploy.metadata import PolicyMetadata
 from policies.diffusion import DiffusionPolicy
+from policies.flow import FlowPolicy
 from policies.gaussian import ActorCritic
 from sim.evaluation import ActFn, evaluate
 from sim.randomization import SimToRealConfig
 from sim.registry import make
-from training.actors import DiffusionActor, TorchActor
+from training.actors import ChunkActor, TorchActor
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint
 from training.config import ConfigError, from_dict, to_dict
-from training.metadata import diffusion_metadata, metadata_from_checkpoint
+from training.metadata import diffusion_metadata, flow_metadata, metadata_from_checkpoint
 from training.train_configs import (
+    FLOW_SAMPLER_FIELDS,
     SAMPLER_FIELDS,
     BCTrainConfig,
     DPPOTrainConfig,
+    FlowBCTrainConfig,
+    FPOTrainConfig,
     PPOTrainConfig,
-    build_dppo_config,
+    ReinFlowTrainConfig,
+    build_finetune_config,
 )
 
 __all__ = [
@@ -45,7 +50,7 @@ __all__ = [
     "PolicyFamily",
     "architecture",
     "check_architecture",
-    "dppo_config_from",
+    "finetune_config_from",
     "evaluate_policy",
     "load_policy",
     "make_env",
@@ -111,8 +116,19 @@ def _gaussian_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) 
     return TorchActor(policy, num_envs, policy_device(policy))
 
 
-def _diffusion_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
-    return DiffusionActor(policy, num_envs, deterministic, seed)
+def _flow_policy(cfg: Any, env) -> FlowPolicy:
+    return FlowPolicy(
+        env.observation_spec.groups["policy"].size,
+        env.action_spec.size,
+        cfg.policy,
+        env.action_spec.low,
+        env.action_spec.high,
+        critic_obs_size=_critic_size(env),
+    )
+
+
+def _chunk_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
+    return ChunkActor(policy, num_envs, deterministic, seed)
 
 
 def policy_device(policy: torch.nn.Module) -> torch.device:
@@ -157,8 +173,16 @@ DIFFUSION = PolicyFamily(
     _diffusion_policy,
     lambda cfg: cfg.policy.obs_history,
     SAMPLER_FIELDS,
-    _diffusion_actor,
+    _chunk_actor,
     diffusion_metadata,
+)
+FLOW = PolicyFamily(
+    "flow",
+    _flow_policy,
+    lambda cfg: cfg.policy.obs_history,
+    FLOW_SAMPLER_FIELDS,
+    _chunk_actor,
+    flow_metadata,
 )
 
 
@@ -190,6 +214,9 @@ CHECKPOINT_KINDS: dict[str, CheckpointKind] = {
     "ppo": CheckpointKind("ppo", GAUSSIAN, PPOTrainConfig),
     "diffusion_bc": CheckpointKind("diffusion_bc", DIFFUSION, BCTrainConfig, _bc_weights),
     "dppo": CheckpointKind("dppo", DIFFUSION, DPPOTrainConfig),
+    "flow_bc": CheckpointKind("flow_bc", FLOW, FlowBCTrainConfig, _bc_weights),
+    "reinflow": CheckpointKind("reinflow", FLOW, ReinFlowTrainConfig),
+    "fpo": CheckpointKind("fpo", FLOW, FPOTrainConfig),
 }
 
 
@@ -216,23 +243,27 @@ def config_from_checkpoint(ck: Mapping[str, Any]) -> Any:
         raise ConfigError(f"checkpoint config does not fit this version: {e}") from e
 
 
-def dppo_config_from(
+def finetune_config_from(
+    cls: type,
     init: str | os.PathLike,
     task: str | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-) -> DPPOTrainConfig:
-    """The config of a DPPO run that starts from the diffusion run or checkpoint ``init``
-    (training.train_configs.build_dppo_config: its task and networks, the DPPO defaults,
-    the task's preset, then ``overrides``)."""
+) -> Any:
+    """The config (of class ``cls``: DPPO, ReinFlow, FPO) of a run that starts from the
+    pretrained run or checkpoint ``init``, which must hold a policy of the learner's own
+    family (training.train_configs.build_finetune_config: its task and networks, the
+    learner's defaults, the task's preset, then ``overrides``)."""
     path = find_checkpoint(init)
     ck = load_checkpoint(path)
     kind = kind_of(ck, path)
-    if kind.family is not DIFFUSION:
+    family = CHECKPOINT_KINDS[cls.KIND].family
+    if kind.family is not family:
+        starts = sorted(k for k, v in CHECKPOINT_KINDS.items() if v.family is family)
         raise ConfigError(
-            f"--init {init} is a {kind.name!r} run; DPPO starts from a diffusion policy "
-            f"(a bc or dppo run)"
+            f"--init {init} is a {kind.name!r} run (a {kind.family.name} policy); "
+            f"{cls.KIND} starts from a {family.name} policy ({', '.join(starts)} runs)"
         )
-    return build_dppo_config(config_from_checkpoint(ck), str(init), task, overrides)
+    return build_finetune_config(cls, config_from_checkpoint(ck), str(init), task, overrides)
 
 
 def architecture(cfg: Any, env, family: PolicyFamily) -> dict[str, Any]:

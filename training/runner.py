@@ -98,8 +98,9 @@ class OnPolicyRunner:
         self.env = make_env(cfg, seed=seed, obs_history=family.obs_history(cfg))
         self.policy = family.build_policy(cfg, self.env).to(self.device)
         self.arch = architecture(cfg, self.env, family)
-        if resume is None and self.learner.init_field is not None:
-            self._load_pretrained(getattr(cfg, self.learner.init_field))
+        init = getattr(cfg, self.learner.init_field) if self.learner.init_field else ""
+        if resume is None and (init or self.learner.init_required and self.learner.init_field):
+            self._load_pretrained(init)
         self.alg = self.learner.build(cfg, self.policy, self.env, self.device, self.world)
         if self.distributed:  # every rank starts from rank 0's weights and statistics
             with torch.no_grad():

@@ -12,16 +12,19 @@ Building a config is always: the dataclass defaults, then the task's preset
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from policies.diffusion import DiffusionConfig
+from policies.flow import FlowConfig
 from policies.gaussian import ActorCriticConfig
 from sim.registry import task_options
 from training.algorithms.bc import BCConfig
 from training.algorithms.dppo import DPPOConfig
+from training.algorithms.fpo import FPOConfig
 from training.algorithms.ppo import PPOConfig
+from training.algorithms.reinflow import ReinFlowConfig
 from training.config import ConfigError, FieldChecks, apply_overrides
 from training.presets import DPPO_PRESETS, PPO_PRESETS
 
@@ -29,12 +32,16 @@ __all__ = [
     "BCRunConfig",
     "BCTrainConfig",
     "DPPOTrainConfig",
+    "FPOTrainConfig",
+    "FlowBCTrainConfig",
+    "ReinFlowTrainConfig",
     "EnvConfig",
     "PPOTrainConfig",
     "RunConfig",
     "SAMPLER_FIELDS",
     "build_bc_config",
-    "build_dppo_config",
+    "build_finetune_config",
+    "build_fpo_config",
     "build_ppo_config",
 ]
 
@@ -133,6 +140,8 @@ class RunConfig(RunOutputConfig):
 class PPOTrainConfig:
     """`sim2real train ppo`: a Gaussian actor-critic trained with PPO."""
 
+    KIND: ClassVar[str] = "ppo"  # the checkpoint kind its runs write
+
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: ActorCriticConfig = field(default_factory=ActorCriticConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -144,6 +153,8 @@ class PPOTrainConfig:
 @dataclass
 class DPPOTrainConfig:
     """`sim2real train dppo`: a pretrained diffusion policy fine-tuned with DPPO."""
+
+    KIND: ClassVar[str] = "dppo"
 
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
     policy: DiffusionConfig = field(default_factory=DiffusionConfig)
@@ -179,6 +190,8 @@ class BCRunConfig(RunOutputConfig):
 class BCTrainConfig:
     """`sim2real train bc`: a diffusion policy pretrained on demonstrations."""
 
+    KIND: ClassVar[str] = "diffusion_bc"
+
     env: EnvConfig = field(default_factory=lambda: EnvConfig(randomize=False))
     policy: DiffusionConfig = field(default_factory=DiffusionConfig)
     bc: BCConfig = field(default_factory=BCConfig)
@@ -189,8 +202,63 @@ class BCTrainConfig:
     """The learner (fixed by the command)."""
 
 
-# Policy fields a DPPO run may change after pretraining (the sampler, not the networks).
+@dataclass
+class FlowBCTrainConfig:
+    """`sim2real train bc --policy flow`: a flow policy pretrained on demonstrations."""
+
+    KIND: ClassVar[str] = "flow_bc"
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(randomize=False))
+    policy: FlowConfig = field(default_factory=FlowConfig)
+    bc: BCConfig = field(default_factory=BCConfig)
+    run: BCRunConfig = field(default_factory=BCRunConfig)
+    data: str = ""
+    """The demonstration file (HDF5, `sim2real collect`)."""
+    algo: str = "bc"
+    """The learner (fixed by the command)."""
+
+
+@dataclass
+class ReinFlowTrainConfig:
+    """`sim2real train reinflow`: a pretrained flow policy fine-tuned with ReinFlow."""
+
+    KIND: ClassVar[str] = "reinflow"
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
+    policy: FlowConfig = field(default_factory=FlowConfig)
+    reinflow: ReinFlowConfig = field(default_factory=ReinFlowConfig)
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
+    )
+    init: str = ""
+    """The pretrained flow run (train bc --policy flow) or checkpoint to start from."""
+    algo: str = "reinflow"
+    """The learner (fixed by the command)."""
+
+
+@dataclass
+class FPOTrainConfig:
+    """`sim2real train fpo`: a flow policy trained with flow policy optimization (FPO),
+    from scratch or from a pretrained flow run."""
+
+    KIND: ClassVar[str] = "fpo"
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
+    policy: FlowConfig = field(default_factory=FlowConfig)
+    fpo: FPOConfig = field(default_factory=FPOConfig)
+    run: RunConfig = field(
+        default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
+    )
+    init: str = ""
+    """A pretrained flow run or checkpoint to start from; empty: from scratch."""
+    algo: str = "fpo"
+    """The learner (fixed by the command)."""
+
+
+# Policy fields a fine-tuning run may change after pretraining (the sampler, not the
+# networks), by policy config.
 SAMPLER_FIELDS = ("sampler", "sample_steps", "eta")
+FLOW_SAMPLER_FIELDS = ("sample_steps", "noise_min", "noise_max")
 
 
 def build_ppo_config(
@@ -203,23 +271,31 @@ def build_ppo_config(
 
 
 def build_bc_config(
-    task: str, data: str, overrides: list[str] | dict[str, Any] | None = None
-) -> BCTrainConfig:
-    cfg = BCTrainConfig(env=EnvConfig(task=task, randomize=False), data=str(data))
+    task: str,
+    data: str,
+    overrides: list[str] | dict[str, Any] | None = None,
+    policy: str = "diffusion",
+) -> BCTrainConfig | FlowBCTrainConfig:
+    """Behaviour cloning of a ``policy`` ("diffusion" or "flow") on ``data``."""
+    if policy not in BC_CONFIGS:
+        raise ConfigError(f"--policy must be one of {sorted(BC_CONFIGS)}, got {policy!r}")
+    cfg = BC_CONFIGS[policy](env=EnvConfig(task=task, randomize=False), data=str(data))
     return apply_overrides(cfg, overrides or [])
 
 
-def build_dppo_config(
-    init_cfg: BCTrainConfig | DPPOTrainConfig,
+def build_finetune_config(
+    cls: type,
+    init_cfg: Any,
     init: str,
     task: str | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
-) -> DPPOTrainConfig:
-    """The pretrained run's task and policy, DPPO defaults, the task's preset, then the
-    overrides.
+) -> Any:
+    """A fine-tuning run of config class ``cls`` (DPPO, ReinFlow, FPO) from the pretrained
+    run ``init`` whose config is ``init_cfg``: its task and policy, the learner's defaults,
+    the task's preset, then the overrides.
 
-    Only the sampler fields of ``policy`` (sampler, sample_steps, eta) may be overridden:
-    the networks are the pretrained ones.
+    Only the sampler fields of ``policy`` may be overridden: the networks are the
+    pretrained ones.
     """
     if task is not None and task != init_cfg.env.task:
         raise ConfigError(f"--init {init} was trained on task {init_cfg.env.task!r}, not {task!r}")
@@ -229,7 +305,8 @@ def build_dppo_config(
         randomize=False,
         task_args=dict(init_cfg.env.task_args),
     )
-    cfg = DPPOTrainConfig(env=env, policy=init_cfg.policy, init=str(init))
+    cfg = cls(env=env, policy=init_cfg.policy, init=str(init))
+    sampler = FLOW_SAMPLER_FIELDS if isinstance(cfg.policy, FlowConfig) else SAMPLER_FIELDS
     items = (
         overrides.items()
         if isinstance(overrides, dict)
@@ -237,10 +314,26 @@ def build_dppo_config(
     )
     for key, _ in items:
         k = key.strip().lstrip("-")
-        if k.startswith("policy.") and k.split(".", 1)[1] not in SAMPLER_FIELDS:
+        if k.startswith("policy.") and k.split(".", 1)[1] not in sampler:
             raise ConfigError(
-                f"{k}: a DPPO run keeps the pretrained networks; only policy."
-                f"{{{','.join(SAMPLER_FIELDS)}}} may change"
+                f"{k}: a fine-tuning run keeps the pretrained networks; only policy."
+                f"{{{','.join(sampler)}}} may change"
             )
-    cfg = apply_overrides(cfg, DPPO_PRESETS.get(cfg.env.task, {}))
+    cfg = apply_overrides(cfg, FINETUNE_PRESETS.get(cls, {}).get(cfg.env.task, {}))
     return apply_overrides(cfg, overrides or [])
+
+
+def build_fpo_config(
+    task: str, overrides: list[str] | dict[str, Any] | None = None
+) -> FPOTrainConfig:
+    """FPO from scratch: defaults, then the overrides."""
+    return apply_overrides(
+        FPOTrainConfig(env=EnvConfig(task=task, num_envs=16, randomize=False)), overrides or []
+    )
+
+
+BC_CONFIGS: dict[str, type] = {"diffusion": BCTrainConfig, "flow": FlowBCTrainConfig}
+"""`train bc --policy <name>` -> its train config."""
+
+FINETUNE_PRESETS: dict[type, dict[str, dict[str, Any]]] = {DPPOTrainConfig: DPPO_PRESETS}
+"""Per-task presets of the fine-tuning learners (training.presets)."""

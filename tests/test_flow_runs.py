@@ -1,0 +1,114 @@
+"""Flow policies end to end through the shared pieces: flow BC from demonstrations,
+ReinFlow and FPO (from a BC start and from scratch) in the one runner, exact resume,
+export to ONNX and evaluation through the robot-side runtime; wrong starts refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demo_support import random_demos
+
+from deploy.metadata import read_metadata
+from training.checkpoint import load_checkpoint
+from training.cli import main
+from training.policy_kinds import finetune_config_from, load_policy
+from training.runner import OnPolicyRunner
+from training.train_configs import FPOTrainConfig, ReinFlowTrainConfig, build_fpo_config
+
+QUIET = ["run.progress=false", "run.tensorboard=false", "run.video=false"]
+FLOW = ["policy.hidden=16,16", "policy.critic_hidden=16", "policy.noise_hidden=8"]
+FLOW += ["policy.horizon=4", "policy.act_steps=2", "policy.sample_steps=2"]
+TINY = ["env.num_envs=2", "run.checkpoint_every=1", "env.max_episode_steps=30"]
+
+
+@pytest.fixture(scope="module")
+def flow_bc(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flow")
+    demos = random_demos(root / "demos.hdf5")
+    argv = ["train", "bc", "--policy", "flow", "--data", str(demos), "--steps", "20"]
+    argv += ["--run-dir", str(root / "bc"), "--no-artifacts", *QUIET, *FLOW]
+    argv += ["bc.batch_size=16", "bc.warmup=2"]
+    assert main(argv) == 0
+    assert load_checkpoint(root / "bc" / "checkpoints" / "latest.pt")["kind"] == "flow_bc"
+    return root / "bc"
+
+
+def _params(runner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in runner.policy.parameters()]
+
+
+@pytest.mark.parametrize(
+    "cls, section", [(ReinFlowTrainConfig, "reinflow"), (FPOTrainConfig, "fpo")]
+)
+def test_fine_tuning_from_flow_bc_resumes_exactly(tmp_path, flow_bc, cls, section):
+    over = QUIET + TINY + [f"{section}.num_steps=8", f"{section}.num_epochs=1"]
+    straight = OnPolicyRunner(
+        finetune_config_from(cls, flow_bc, "hopper", over + ["run.total_steps=48"]), tmp_path / "a"
+    )
+    straight.train()
+    first = OnPolicyRunner(
+        finetune_config_from(cls, flow_bc, "hopper", over + ["run.total_steps=32"]), tmp_path / "b"
+    )
+    first.train()
+    cfg = finetune_config_from(cls, flow_bc, "hopper", over + ["run.total_steps=48"])
+    resumed = OnPolicyRunner(cfg, tmp_path / "b", resume=tmp_path / "b")
+    resumed.train()
+    for a, b in zip(_params(straight), _params(resumed)):
+        assert torch.equal(a, b)
+    # fine-tuning moved the pretrained weights
+    init = load_policy(flow_bc).policy
+    assert any(
+        not torch.equal(a, b) for a, b in zip(init.parameters(), straight.policy.parameters())
+    )
+
+
+def test_reinflow_trains_exports_and_runs_on_the_runtime(tmp_path, flow_bc, capsys):
+    run = tmp_path / "rf"
+    argv = ["train", "reinflow", "--init", str(flow_bc), "--steps", "32", "--run-dir", str(run)]
+    argv += ["--export", *QUIET, *TINY, "reinflow.num_steps=8", "reinflow.num_epochs=1"]
+    assert main(argv) == 0
+    onnx_path = run / "policy.onnx"
+    meta = read_metadata(onnx_path)
+    assert meta.policy_family == "flow" and meta.noise_shape == [4, 3]
+    assert meta.extra["flow_steps"] == "2" and meta.extra["checkpoint_kind"] == "reinflow"
+    assert [n for n, _ in meta.recurrent_state] == ["action_chunk", "chunk_step"]
+    capsys.readouterr()
+    # torch and the file agree in deterministic mode; sampling is seeded as on the robot
+    torch_stats = load_policy(run).evaluate(episodes=2, seed=5)
+    from deploy.sim2sim import evaluate_onnx
+
+    onnx_stats = evaluate_onnx(onnx_path, episodes=2, seed=5, safety=False, zero_noise=True)
+    assert onnx_stats["return_mean"] == pytest.approx(
+        torch_stats["return_mean"], rel=1e-3, abs=1e-2
+    )
+    sampled = [evaluate_onnx(onnx_path, episodes=2, seed=s, safety=False) for s in (5, 5, 6)]
+    assert sampled[0]["return_mean"] == sampled[1]["return_mean"] != sampled[2]["return_mean"]
+    assert main(["eval", str(onnx_path), "--episodes", "2"]) == 0
+
+
+def test_fpo_from_scratch_runs_and_exports(tmp_path):
+    cfg = build_fpo_config(
+        "cartpole",
+        QUIET + FLOW + TINY + ["fpo.num_steps=8", "fpo.num_epochs=1", "run.total_steps=32"],
+    )
+    runner = OnPolicyRunner(cfg, tmp_path / "fpo")
+    before = _params(runner)
+    assert runner.train()["env_steps"] == 32
+    assert any(not torch.equal(a, b) for a, b in zip(before, _params(runner)))
+    assert main(["export", str(tmp_path / "fpo")]) == 0
+    assert read_metadata(tmp_path / "fpo" / "policy.onnx").extra["checkpoint_kind"] == "fpo"
+
+
+def test_a_start_of_the_wrong_family_is_refused(tmp_path, flow_bc, capsys):
+    from demo_support import random_demos as demos_of
+
+    diffusion = tmp_path / "dbc"
+    argv = ["train", "bc", "--data", str(demos_of(tmp_path / "d.hdf5")), "--steps", "2"]
+    argv += ["--run-dir", str(diffusion), "--no-artifacts", *QUIET, "policy.hidden=8"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    for algo, start in (("reinflow", diffusion), ("fpo", diffusion), ("dppo", flow_bc)):
+        assert main(["train", algo, "--init", str(start), "--run-dir", str(tmp_path / algo)]) == 2
+        err = capsys.readouterr().err
+        assert f"--init {start} is a" in err and "starts from a" in err
+        assert not (tmp_path / algo).exists()
