@@ -56,17 +56,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from policies.normalization import RunningMeanStd
+from policies.chunked import ACTIVATIONS as ACTIVATIONS  # its old home
+from policies.chunked import (
+    ChunkConfig,
+    ChunkInference,
+    ChunkInfo,
+    ChunkNet,
+    ChunkPolicy,
+    gaussian_log_prob_per_dim,
+    sinusoid,
+)
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {
-    "mish": nn.Mish,
-    "silu": nn.SiLU,
-    "relu": nn.ReLU,
-    "elu": nn.ELU,
-}
 BETA_SCHEDULES = ("cosine", "linear")
 SAMPLERS = ("ddim", "ddpm")
-_LOG_2PI = math.log(2.0 * math.pi)
 
 __all__ = [
     "Chain",
@@ -83,20 +85,14 @@ __all__ = [
 
 
 @dataclass
-class DiffusionConfig:
+class DiffusionConfig(ChunkConfig):
     """Shapes of the chunk, the noise schedule, the sampler and the networks.
 
     The policy predicts chunks of horizon (Tp) actions and executes act_steps (Ta) of
-    them; its sampler runs sample_steps (N) of the num_train_steps (T) diffusion steps.
+    them (:class:`policies.chunked.ChunkConfig`); its sampler runs sample_steps (N) of
+    the num_train_steps (T) diffusion steps.
     """
 
-    horizon: int = 4
-    """Actions predicted per chunk (Tp)."""
-    act_steps: int = 4
-    """How many actions of each chunk are executed before sampling again (Ta <= Tp)."""
-    obs_history: int = 1
-    """Observation frames the policy is conditioned on (the env stacks them; the exported
-    metadata carries the length)."""
     num_train_steps: int = 20
     """Diffusion steps T of the training schedule."""
     beta_schedule: str = "cosine"
@@ -128,28 +124,11 @@ class DiffusionConfig:
     def __post_init__(self) -> None:
         self.hidden = tuple(self.hidden)
         self.critic_hidden = tuple(self.critic_hidden)
-
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"DiffusionConfig.{name} {why}, got {getattr(self, name)!r}")
-
-        for name in ("horizon", "act_steps", "obs_history", "num_train_steps", "sample_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, "must be an integer >= 1")
-        if self.act_steps > self.horizon:
-            raise bad("act_steps", f"must be <= horizon ({self.horizon})")
+        bad = self._bad
+        self._check_chunk("num_train_steps", "sample_steps")
         if self.sample_steps > self.num_train_steps:
             raise bad("sample_steps", f"must be <= num_train_steps ({self.num_train_steps})")
-        if self.time_dim < 2 or self.time_dim % 2:
-            raise bad("time_dim", "must be an even integer >= 2")
-        for name in ("hidden", "critic_hidden"):
-            sizes = getattr(self, name)
-            if not sizes or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes
-            ):
-                raise bad(name, "must be a non-empty list of positive ints")
-        if self.activation not in ACTIVATIONS:
-            raise bad("activation", f"must be one of {sorted(ACTIVATIONS)}")
+        self._check_networks("hidden", "critic_hidden")
         if self.beta_schedule not in BETA_SCHEDULES:
             raise bad("beta_schedule", f"must be one of {list(BETA_SCHEDULES)}")
         if self.sampler not in SAMPLERS:
@@ -177,14 +156,6 @@ def make_betas(num_steps: int, schedule: str = "cosine") -> torch.Tensor:
             scale * 1e-4, min(scale * 0.02, 0.999), num_steps, dtype=torch.float64
         )
     raise ValueError(f"unknown beta schedule {schedule!r}; choose one of {list(BETA_SCHEDULES)}")
-
-
-def gaussian_log_prob_per_dim(
-    x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
-) -> torch.Tensor:
-    """log N(x; mean, std^2) elementwise (no reduction)."""
-    z = (x - mean) / std
-    return -0.5 * z.square() - torch.log(std) - 0.5 * _LOG_2PI
 
 
 @dataclass(frozen=True)
@@ -236,28 +207,7 @@ def make_chain(abar: torch.Tensor, steps: int, eta: float) -> Chain:
     return Chain(tuple(taus), float(eta), *(tuple(v) for v in (sab, s1m, sprev, dcoef, sig)))
 
 
-def _sinusoid(t: torch.Tensor, dim: int) -> torch.Tensor:
-    half = dim // 2
-    scale = math.log(10000.0) / max(half - 1, 1)
-    freqs = torch.exp(torch.arange(half, dtype=torch.float32, device=t.device) * -scale)
-    arg = t.to(torch.float32).unsqueeze(-1) * freqs
-    return torch.cat([torch.sin(arg), torch.cos(arg)], dim=-1)
-
-
-def _mlp(sizes: list[int], activation: str, out_gain: float | None = None) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        lin = nn.Linear(sizes[i], sizes[i + 1])
-        layers.append(lin)
-        if i < len(sizes) - 2:
-            layers.append(ACTIVATIONS[activation]())
-        elif out_gain is not None:
-            nn.init.orthogonal_(lin.weight, out_gain)
-            nn.init.zeros_(lin.bias)
-    return nn.Sequential(*layers)
-
-
-class NoisePredictor(nn.Module):
+class NoisePredictor(ChunkNet):
     """eps(x_t, t, obs): an MLP over [x_t flattened, time embedding, obs features].
 
     The time embedding (sinusoid -> MLP) is a separate method so that a sampler with
@@ -267,17 +217,10 @@ class NoisePredictor(nn.Module):
     def __init__(
         self, obs_dim: int, chunk_dim: int, hidden: tuple[int, ...], time_dim: int, activation: str
     ) -> None:
-        super().__init__()
-        self.time_dim = int(time_dim)
-        self.time_mlp = _mlp([time_dim, 2 * time_dim, time_dim], activation)
-        self.net = _mlp([chunk_dim + time_dim + obs_dim, *hidden, chunk_dim], activation)
+        super().__init__(obs_dim, chunk_dim, hidden, time_dim, activation, time_in=time_dim)
 
     def embed_time(self, t: torch.Tensor) -> torch.Tensor:
-        return self.time_mlp(_sinusoid(t, self.time_dim))
-
-    def forward(self, x: torch.Tensor, temb: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """x [B, chunk_dim], temb [B, time_dim], obs [B, obs_dim] -> eps [B, chunk_dim]."""
-        return self.net(torch.cat([x, temb, obs], dim=-1))
+        return self.time_mlp(sinusoid(t, self.time_dim))
 
 
 class DiffusionSample(NamedTuple):
@@ -290,13 +233,10 @@ class DiffusionSample(NamedTuple):
 
 
 @dataclass(frozen=True)
-class DiffusionInfo:
-    """The interface of a diffusion inference module (what export checks)."""
+class DiffusionInfo(ChunkInfo):
+    """The interface of a diffusion inference module (what export checks): obs_size,
+    action_size, horizon, act_steps (:class:`policies.chunked.ChunkInfo`), sample_steps."""
 
-    obs_size: int
-    action_size: int
-    horizon: int
-    act_steps: int
     sample_steps: int
     policy_family: str = "diffusion"
 
@@ -305,86 +245,26 @@ class DiffusionInfo:
         return (self.horizon, self.action_size)
 
     @property
-    def recurrent_state(self) -> list[tuple[str, list[int]]]:
-        """Chunk execution state: the chunk being executed and the position in it."""
-        if self.act_steps == 1:
-            return []
-        return [("action_chunk", [self.act_steps, self.action_size]), ("chunk_step", [1])]
-
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.recurrent_state)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return ("obs", "noise", *self.state_names)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return ("actions", *(f"next_{n}" for n in self.state_names))
+    def noise_layout(self) -> str:
+        return "[horizon, actions]"
 
 
-class DiffusionPolicy(nn.Module):
+class DiffusionPolicy(ChunkPolicy):
     """Diffusion actor over action chunks, with a value critic for fine-tuning.
 
-    policy_obs_size: size of obs["policy"] (frames x obs_history); critic_obs_size: size
-    of obs["critic"] for an asymmetric critic, None for a critic on obs["policy"].
-    action_low / action_high: the task's action bounds (the normalization range).
+    Built as :class:`policies.chunked.ChunkPolicy` (observation and action sizes, action
+    bounds, critic observations, a :class:`DiffusionConfig`).
     """
 
-    is_recurrent = False
+    cfg: DiffusionConfig
+    config_type = DiffusionConfig
 
-    def __init__(
-        self,
-        policy_obs_size: int,
-        action_size: int,
-        cfg: DiffusionConfig | None = None,
-        action_low: Any = None,
-        action_high: Any = None,
-        critic_obs_size: int | None = None,
-    ) -> None:
-        super().__init__()
-        cfg = cfg if cfg is not None else DiffusionConfig()
-        if policy_obs_size < 1 or action_size < 1:
-            raise ValueError(
-                f"DiffusionPolicy: obs and action sizes must be >= 1, got {policy_obs_size}, "
-                f"{action_size}"
-            )
-        self.cfg = cfg
-        self.policy_obs_size = int(policy_obs_size)
-        self.action_size = int(action_size)
-        self.asymmetric = critic_obs_size is not None
-        self.critic_obs_size = int(critic_obs_size) if self.asymmetric else self.policy_obs_size
-        low = (
-            torch.full((action_size,), -1.0)
-            if action_low is None
-            else torch.as_tensor(action_low, dtype=torch.float32).reshape(-1)
-        )
-        high = (
-            torch.full((action_size,), 1.0)
-            if action_high is None
-            else torch.as_tensor(action_high, dtype=torch.float32).reshape(-1)
-        )
-        if low.shape != (action_size,) or high.shape != (action_size,):
-            raise ValueError(
-                f"DiffusionPolicy: action bounds must have {action_size} entries, got "
-                f"{tuple(low.shape)} and {tuple(high.shape)}"
-            )
-        if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high > low).all()):
-            raise ValueError("DiffusionPolicy: action bounds must be finite with high > low")
-        self.register_buffer("action_low", low.clone())
-        self.register_buffer("action_high", high.clone())
+    def _build_actor(self) -> None:
+        cfg = self.cfg
         betas = make_betas(cfg.num_train_steps, cfg.beta_schedule)
         abar = torch.cumprod(1.0 - betas, dim=0)
         self.register_buffer("alphas_cumprod", abar.to(torch.float32))
         self._abar64 = abar
-        self.obs_normalizer: nn.Module = (
-            RunningMeanStd(self.policy_obs_size) if cfg.normalize_obs else nn.Identity()
-        )
-        self.critic_obs_normalizer: nn.Module | None = (
-            RunningMeanStd(self.critic_obs_size) if self.asymmetric and cfg.normalize_obs else None
-        )
-        self.chunk_dim = cfg.horizon * self.action_size
         self.actor = NoisePredictor(
             self.policy_obs_size, self.chunk_dim, cfg.hidden, cfg.time_dim, cfg.activation
         )
@@ -397,7 +277,6 @@ class DiffusionPolicy(nn.Module):
         self.register_buffer(
             "canonical_noise", torch.randn(cfg.horizon, self.action_size, generator=gen)
         )
-        self.critic = _mlp([self.critic_obs_size, *cfg.critic_hidden, 1], cfg.activation, 1.0)
 
     # ------------------------------------------------------------------ description
     @property
@@ -428,52 +307,6 @@ class DiffusionPolicy(nn.Module):
             eta = 1.0
         eta = self.cfg.eta if eta is None else float(eta)
         return make_chain(self._abar64, steps, eta)
-
-    # ------------------------------------------------------------------ normalization
-    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        return 2.0 * (actions - self.action_low) / (self.action_high - self.action_low) - 1.0
-
-    def denormalize_actions(self, x: torch.Tensor) -> torch.Tensor:
-        return self.action_low + 0.5 * (x + 1.0) * (self.action_high - self.action_low)
-
-    def _policy_obs(self, obs: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        x = obs if isinstance(obs, torch.Tensor) else obs.get("policy")
-        if x is None:
-            raise KeyError(f"DiffusionPolicy needs observation group 'policy'; got {sorted(obs)}")
-        if x.shape[-1] != self.policy_obs_size:
-            raise ValueError(
-                f"observation group 'policy' has size {x.shape[-1]}, the policy expects "
-                f"{self.policy_obs_size} (frame x obs_history {self.cfg.obs_history})"
-            )
-        return x
-
-    def obs_features(self, obs: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        return self.obs_normalizer(self._policy_obs(obs))
-
-    @torch.no_grad()
-    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
-        """Fold policy observations [..., obs_size] into the actor's statistics (BC only)."""
-        if isinstance(self.obs_normalizer, RunningMeanStd):
-            self.obs_normalizer.update(obs)
-
-    @torch.no_grad()
-    def update_critic_normalizer(self, obs: Mapping[str, torch.Tensor]) -> None:
-        """Fold critic observations into the asymmetric critic's statistics (no-op else)."""
-        if self.critic_obs_normalizer is not None:
-            self.critic_obs_normalizer.update(obs["critic"])
-
-    # ------------------------------------------------------------------ critic
-    def value(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """V(obs) [B]. A symmetric critic reads the actor's normalized policy observation."""
-        if self.asymmetric:
-            if "critic" not in obs:
-                raise KeyError(f"the asymmetric critic needs group 'critic'; got {sorted(obs)}")
-            xc = obs["critic"]
-            if self.critic_obs_normalizer is not None:
-                xc = self.critic_obs_normalizer(xc)
-        else:
-            xc = self.obs_features(obs)
-        return self.critic(xc).squeeze(-1)
 
     # ------------------------------------------------------------------ networks
     def net_for_step(self, k: int, num_steps: int) -> NoisePredictor:
@@ -536,23 +369,11 @@ class DiffusionPolicy(nn.Module):
         return sprev * x0 + dcoef * eps
 
     # ------------------------------------------------------------------ training
-    def bc_loss(
-        self,
-        obs: Mapping[str, torch.Tensor] | torch.Tensor,
-        actions: torch.Tensor,
-        generator: torch.Generator | None = None,
+    def _bc_loss(
+        self, feat: torch.Tensor, x0: torch.Tensor, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """DDPM epsilon-regression loss of the (pretraining) actor on demonstration chunks.
-
-        obs: policy observations [B, obs_size]; actions: [B, horizon, A] in env units.
-        """
-        if actions.shape[1:] != (self.cfg.horizon, self.action_size):
-            raise ValueError(
-                f"bc_loss: action chunks must be [B, {self.cfg.horizon}, {self.action_size}], "
-                f"got {tuple(actions.shape)}"
-            )
-        feat = self.obs_features(obs)
-        x0 = self.normalize_actions(actions)
+        """DDPM epsilon-regression loss of the (pretraining) actor on demonstration chunks
+        (:meth:`bc_loss`)."""
         b = x0.shape[0]
         t = torch.randint(0, self.cfg.num_train_steps, (b,), generator=generator).to(x0.device)
         noise = torch.randn(x0.shape, generator=generator).to(x0.device)
@@ -702,33 +523,24 @@ class DiffusionPolicy(nn.Module):
         return self.sample(obs, deterministic=True, chain=self.chain(eta=0.0)).actions[:, 0]
 
 
-class DiffusionInference(nn.Module):
+class DiffusionInference(ChunkInference):
     """The deployable diffusion policy: normalizer, the unrolled DDIM sampler, chunk state.
 
     forward(obs [B, O], noise [B, Tp, A]) -> actions [B, A] when act_steps == 1;
     forward(obs, noise, action_chunk [B, Ta, A], chunk_step [B, 1]) ->
-    (actions, next_action_chunk, next_chunk_step) otherwise. Where chunk_step (rounded,
-    clamped to [0, Ta)) is 0 a new chunk is sampled from ``noise`` and its first action
-    returned; elsewhere the stored chunk's action at that position is returned. The
-    sampler runs on every call (a graph has no cheap branch); its cost is the latency.
+    (actions, next_action_chunk, next_chunk_step) otherwise
+    (:class:`policies.chunked.ChunkInference`).
     """
 
     def __init__(self, policy: DiffusionPolicy, chain: Chain) -> None:
         super().__init__()
-        cfg = policy.cfg
         self.info = policy.info
-        self.policy_family = "diffusion"
-        self.input_names = self.info.input_names
-        self.output_names = self.info.output_names
         self.normalizer = copy.deepcopy(policy.obs_normalizer)
         self.actor = copy.deepcopy(policy.actor)
         self.actor_ft = copy.deepcopy(policy.actor_ft) if policy.actor_ft is not None else None
         n = chain.num_steps
         self.chain = chain
-        self.horizon = cfg.horizon
-        self.act_steps = cfg.act_steps
-        self.action_size = policy.action_size
-        self.clip_sample = cfg.clip_sample
+        self.clip_sample = policy.cfg.clip_sample
         use_ft = [policy.net_for_step(k, n) is policy.actor_ft for k in range(n)]
         self.use_ft = use_ft
         with torch.no_grad():
@@ -737,20 +549,8 @@ class DiffusionInference(nn.Module):
                 net = self.actor_ft if use_ft[k] and self.actor_ft is not None else self.actor
                 temb.append(net.embed_time(torch.tensor([chain.timesteps[k]])).squeeze(0))
         self.register_buffer("temb", torch.stack(temb))
-        self.register_buffer("action_low", policy.action_low.clone())
-        self.register_buffer("action_high", policy.action_high.clone())
-        self.register_buffer("positions", torch.arange(cfg.act_steps, dtype=torch.float32))
+        self._init_chunk_execution(policy)
         self.register_buffer("canonical_noise", policy.canonical_noise.reshape(1, -1).clone())
-
-    def initial_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        if self.act_steps == 1:
-            return ()
-        return (torch.zeros(batch, self.act_steps, self.action_size), torch.zeros(batch, 1))
-
-    def example_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        obs = torch.zeros(batch, self.info.obs_size)
-        noise = torch.zeros(batch, self.horizon, self.action_size)
-        return (obs, noise, *self.initial_state(batch))
 
     def sample_chunk(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The whole chunk [B, Tp, A] in env units, from x_0 = noise."""
@@ -770,38 +570,11 @@ class DiffusionInference(nn.Module):
                 x0 = x0.clamp(-self.clip_sample, self.clip_sample)
             eps = (x - c.sqrt_ab[k] * x0) / c.sqrt_1m_ab[k]
             x = c.sqrt_ab_prev[k] * x0 + c.dir_coef[k] * eps
-        x = x.clamp(-1.0, 1.0).view(b, self.horizon, self.action_size)
-        return self.action_low + 0.5 * (x + 1.0) * (self.action_high - self.action_low)
-
-    def forward(self, obs: torch.Tensor, noise: torch.Tensor, *state: torch.Tensor):
-        chunk = self.sample_chunk(obs, noise)
-        if self.act_steps == 1:
-            return chunk[:, 0]
-        stored, step = state
-        idx = torch.clamp(torch.round(step), 0.0, float(self.act_steps - 1))  # [B, 1]
-        fresh = (idx == 0.0).unsqueeze(-1)  # [B, 1, 1]
-        current = torch.where(fresh, chunk[:, : self.act_steps], stored)
-        onehot = (self.positions.unsqueeze(0) == idx).to(current.dtype)  # [B, Ta]
-        action = (current * onehot.unsqueeze(-1)).sum(dim=1)
-        next_step = torch.where(
-            idx + 1.0 >= float(self.act_steps), torch.zeros_like(idx), idx + 1.0
-        )
-        return action, current, next_step
+        return self._to_env_units(x, b)
 
 
 def diffusion_exporter(module: nn.Module, meta: Any) -> nn.Module:
     """deploy.export's exporter for the "diffusion" family: the inference module already
     follows the graph layout; check that the metadata describes it."""
-    info = getattr(module, "info", None)
-    if not isinstance(info, DiffusionInfo):
-        raise ValueError("the diffusion exporter needs a DiffusionInference module")
-    if meta.noise_shape is None or tuple(meta.noise_shape) != info.noise_shape:
-        raise ValueError(
-            f"metadata noise_shape {meta.noise_shape} differs from the policy's "
-            f"[horizon, actions] = {list(info.noise_shape)}"
-        )
-    want = [(n, list(s)) for n, s in info.recurrent_state]
-    got = [(n, list(s)) for n, s in meta.recurrent_state]
-    if got != want:
-        raise ValueError(f"metadata recurrent_state {got} differs from the policy's {want}")
+    DiffusionInfo.of(module).check_metadata(meta)
     return module

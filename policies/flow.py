@@ -66,16 +66,11 @@ flow-matching loss of given (tau, eps) draws, with no randomness inside, so a le
 compare it under old and new parameters with the same draws.
 
 Deployment. :meth:`FlowPolicy.inference_module` unrolls K Euler steps into a plain
-module: ``forward(obs, noise[, action_chunk, chunk_step]) -> (actions[,
-next_action_chunk, next_chunk_step])`` with the chunk state of the diffusion graph.
-``noise`` is x0 ``[B, horizon, A]``; the stochastic (ReinFlow) graph takes ``[B, K + 1,
-horizon, A]``: x0, then the standard-normal draws the noise network scales after each
-step (all zeros: the deterministic sampler from x0 = 0).
+module (:mod:`policies.flow_inference`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,16 +79,21 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-# the MLP and sinusoid helpers of the diffusion family (private there; they would sit
-# better in a module of policies/ that both families import)
-from policies.diffusion import ACTIVATIONS, _mlp, _sinusoid, gaussian_log_prob_per_dim
-from policies.normalization import RunningMeanStd
+from policies.chunked import (
+    REDUCTIONS,
+    ChunkConfig,
+    ChunkNet,
+    ChunkPolicy,
+    gaussian_log_prob_per_dim,
+    reduce_last,
+    sinusoid,
+)
+from policies.flow_inference import FlowInference, FlowInfo, flow_exporter
 
 MAX_SAMPLE_STEPS = 10
 """The Euler sampler runs 1 to this many steps."""
 TIME_SCALE = 100.0
 """t and d in [0, 1] are scaled by this before the sinusoidal embedding."""
-REDUCTIONS = ("mean", "sum")
 _LOG_2PI_E = math.log(2.0 * math.pi * math.e)
 
 __all__ = [
@@ -121,20 +121,14 @@ def check_steps(steps: Any, name: str = "steps") -> int:
 
 
 @dataclass
-class FlowConfig:
+class FlowConfig(ChunkConfig):
     """Shapes of the chunk, the Euler sampler, the shortcut training and the networks.
 
     The policy predicts chunks of horizon (Tp) actions and executes act_steps (Ta) of
-    them; its sampler runs sample_steps (K) Euler steps from t = 0 (noise) to t = 1.
+    them (:class:`policies.chunked.ChunkConfig`); its sampler runs sample_steps (K)
+    Euler steps from t = 0 (noise) to t = 1.
     """
 
-    horizon: int = 4
-    """Actions predicted per chunk (Tp)."""
-    act_steps: int = 4
-    """How many actions of each chunk are executed before sampling again (Ta <= Tp)."""
-    obs_history: int = 1
-    """Observation frames the policy is conditioned on (the env stacks them; the exported
-    metadata carries the length)."""
     sample_steps: int = 4
     """Euler steps K of the sampler used for evaluation and export, 1 to 10."""
     shortcut: bool = True
@@ -169,34 +163,17 @@ class FlowConfig:
         self.hidden = tuple(self.hidden)
         self.noise_hidden = tuple(self.noise_hidden)
         self.critic_hidden = tuple(self.critic_hidden)
-
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"FlowConfig.{name} {why}, got {getattr(self, name)!r}")
-
-        for name in ("horizon", "act_steps", "obs_history", "shortcut_max_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise bad(name, "must be an integer >= 1")
+        bad = self._bad
+        self._check_chunk("shortcut_max_steps")
         v = self.sample_steps
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SAMPLE_STEPS:
             raise bad("sample_steps", f"must be an integer in [1, {MAX_SAMPLE_STEPS}]")
-        if self.act_steps > self.horizon:
-            raise bad("act_steps", f"must be <= horizon ({self.horizon})")
         if not isinstance(self.shortcut, bool):
             raise bad("shortcut", "must be a bool")
         f = self.consistency_fraction
         if isinstance(f, bool) or not isinstance(f, int | float) or not 0.0 <= f < 1.0:
             raise bad("consistency_fraction", "must be in [0, 1)")
-        if isinstance(self.time_dim, bool) or self.time_dim < 2 or self.time_dim % 2:
-            raise bad("time_dim", "must be an even integer >= 2")
-        for name in ("hidden", "noise_hidden", "critic_hidden"):
-            sizes = getattr(self, name)
-            if not sizes or any(
-                isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes
-            ):
-                raise bad(name, "must be a non-empty list of positive ints")
-        if self.activation not in ACTIVATIONS:
-            raise bad("activation", f"must be one of {sorted(ACTIVATIONS)}")
+        self._check_networks("hidden", "noise_hidden", "critic_hidden")
         for name in ("noise_min", "noise_max"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
@@ -207,7 +184,7 @@ class FlowConfig:
             raise bad("noise_max", f"must be >= noise_min ({self.noise_min})")
 
 
-class VelocityNet(nn.Module):
+class VelocityNet(ChunkNet):
     """v(x_t, t, d, obs): an MLP over [x_t flattened, embedding of (t, d), obs features].
 
     d is the step size the shortcut model is asked to jump (0: the instantaneous
@@ -218,25 +195,18 @@ class VelocityNet(nn.Module):
     def __init__(
         self, obs_dim: int, chunk_dim: int, hidden: tuple[int, ...], time_dim: int, activation: str
     ) -> None:
-        super().__init__()
-        self.time_dim = int(time_dim)
-        self.time_mlp = _mlp([2 * time_dim, 2 * time_dim, time_dim], activation)
-        self.net = _mlp([chunk_dim + time_dim + obs_dim, *hidden, chunk_dim], activation)
+        super().__init__(obs_dim, chunk_dim, hidden, time_dim, activation, time_in=2 * time_dim)
 
     def embed(self, t: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """t, d [B] in [0, 1] -> [B, time_dim]."""
         s = torch.cat(
-            [_sinusoid(t * TIME_SCALE, self.time_dim), _sinusoid(d * TIME_SCALE, self.time_dim)],
+            [sinusoid(t * TIME_SCALE, self.time_dim), sinusoid(d * TIME_SCALE, self.time_dim)],
             dim=-1,
         )
         return self.time_mlp(s)
 
-    def forward(self, x: torch.Tensor, emb: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        """x [B, chunk_dim], emb [B, time_dim], obs [B, obs_dim] -> v [B, chunk_dim]."""
-        return self.net(torch.cat([x, emb, obs], dim=-1))
 
-
-class NoiseNet(nn.Module):
+class NoiseNet(ChunkNet):
     """ReinFlow's noise network: the unbounded pre-activation of sigma(x_k, t_k, obs).
 
     The policy maps it into its bounds with a sigmoid. The last layer starts at zero, so
@@ -246,15 +216,10 @@ class NoiseNet(nn.Module):
     def __init__(
         self, obs_dim: int, chunk_dim: int, hidden: tuple[int, ...], time_dim: int, activation: str
     ) -> None:
-        super().__init__()
-        self.time_dim = int(time_dim)
-        self.net = _mlp([chunk_dim + time_dim + obs_dim, *hidden, chunk_dim], activation, 0.0)
+        super().__init__(obs_dim, chunk_dim, hidden, time_dim, activation, out_gain=0.0)
 
     def embed(self, t: torch.Tensor) -> torch.Tensor:
-        return _sinusoid(t * TIME_SCALE, self.time_dim)
-
-    def forward(self, x: torch.Tensor, emb: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(torch.cat([x, emb, obs], dim=-1))
+        return sinusoid(t * TIME_SCALE, self.time_dim)
 
 
 class ChainTerms(NamedTuple):
@@ -274,102 +239,18 @@ class FlowSample(NamedTuple):
     chain: torch.Tensor | None
 
 
-@dataclass(frozen=True)
-class FlowInfo:
-    """The interface of a flow inference module (what export checks)."""
-
-    obs_size: int
-    action_size: int
-    horizon: int
-    act_steps: int
-    steps: int
-    stochastic: bool = False
-    policy_family: str = "flow"
-
-    @property
-    def noise_shape(self) -> tuple[int, ...]:
-        """x0 [horizon, A]; the stochastic graph adds one draw per Euler step."""
-        if self.stochastic:
-            return (self.steps + 1, self.horizon, self.action_size)
-        return (self.horizon, self.action_size)
-
-    @property
-    def recurrent_state(self) -> list[tuple[str, list[int]]]:
-        """Chunk execution state: the chunk being executed and the position in it."""
-        if self.act_steps == 1:
-            return []
-        return [("action_chunk", [self.act_steps, self.action_size]), ("chunk_step", [1])]
-
-    @property
-    def state_names(self) -> tuple[str, ...]:
-        return tuple(n for n, _ in self.recurrent_state)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return ("obs", "noise", *self.state_names)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return ("actions", *(f"next_{n}" for n in self.state_names))
-
-
-class FlowPolicy(nn.Module):
+class FlowPolicy(ChunkPolicy):
     """Flow actor over action chunks (velocity and noise networks) with a value critic.
 
-    policy_obs_size: size of obs["policy"] (frames x obs_history); critic_obs_size: size
-    of obs["critic"] for an asymmetric critic, None for a critic on obs["policy"].
-    action_low / action_high: the task's action bounds (the normalization range).
+    Built as :class:`policies.chunked.ChunkPolicy` (observation and action sizes, action
+    bounds, critic observations, a :class:`FlowConfig`).
     """
 
-    is_recurrent = False
+    cfg: FlowConfig
+    config_type = FlowConfig
 
-    def __init__(
-        self,
-        policy_obs_size: int,
-        action_size: int,
-        cfg: FlowConfig | None = None,
-        action_low: Any = None,
-        action_high: Any = None,
-        critic_obs_size: int | None = None,
-    ) -> None:
-        super().__init__()
-        cfg = cfg if cfg is not None else FlowConfig()
-        if policy_obs_size < 1 or action_size < 1:
-            raise ValueError(
-                f"FlowPolicy: obs and action sizes must be >= 1, got {policy_obs_size}, "
-                f"{action_size}"
-            )
-        self.cfg = cfg
-        self.policy_obs_size = int(policy_obs_size)
-        self.action_size = int(action_size)
-        self.asymmetric = critic_obs_size is not None
-        self.critic_obs_size = int(critic_obs_size) if self.asymmetric else self.policy_obs_size
-        low = (
-            torch.full((action_size,), -1.0)
-            if action_low is None
-            else torch.as_tensor(action_low, dtype=torch.float32).reshape(-1)
-        )
-        high = (
-            torch.full((action_size,), 1.0)
-            if action_high is None
-            else torch.as_tensor(action_high, dtype=torch.float32).reshape(-1)
-        )
-        if low.shape != (action_size,) or high.shape != (action_size,):
-            raise ValueError(
-                f"FlowPolicy: action bounds must have {action_size} entries, got "
-                f"{tuple(low.shape)} and {tuple(high.shape)}"
-            )
-        if not (torch.isfinite(low).all() and torch.isfinite(high).all() and (high > low).all()):
-            raise ValueError("FlowPolicy: action bounds must be finite with high > low")
-        self.register_buffer("action_low", low.clone())
-        self.register_buffer("action_high", high.clone())
-        self.obs_normalizer: nn.Module = (
-            RunningMeanStd(self.policy_obs_size) if cfg.normalize_obs else nn.Identity()
-        )
-        self.critic_obs_normalizer: nn.Module | None = (
-            RunningMeanStd(self.critic_obs_size) if self.asymmetric and cfg.normalize_obs else None
-        )
-        self.chunk_dim = cfg.horizon * self.action_size
+    def _build_actor(self) -> None:
+        cfg = self.cfg
         self.actor = VelocityNet(
             self.policy_obs_size, self.chunk_dim, cfg.hidden, cfg.time_dim, cfg.activation
         )
@@ -380,7 +261,6 @@ class FlowPolicy(nn.Module):
         # with) and the Euler steps fine-tuning fixed (0: cfg.sample_steps)
         self.register_buffer("noise_bounds", torch.tensor([cfg.noise_min, cfg.noise_max]))
         self.register_buffer("ft_steps", torch.zeros((), dtype=torch.int64))
-        self.critic = _mlp([self.critic_obs_size, *cfg.critic_hidden, 1], cfg.activation, 1.0)
 
     # ------------------------------------------------------------------ description
     @property
@@ -405,53 +285,6 @@ class FlowPolicy(nn.Module):
         if self.cfg.shortcut and steps <= self.cfg.shortcut_max_steps:
             return 1.0 / steps
         return 0.0
-
-    # ------------------------------------------------------------------ normalization
-    def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        return 2.0 * (actions - self.action_low) / (self.action_high - self.action_low) - 1.0
-
-    def denormalize_actions(self, x: torch.Tensor) -> torch.Tensor:
-        return self.action_low + 0.5 * (x + 1.0) * (self.action_high - self.action_low)
-
-    def _policy_obs(self, obs: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        x = obs if isinstance(obs, torch.Tensor) else obs.get("policy")
-        if x is None:
-            raise KeyError(f"FlowPolicy needs observation group 'policy'; got {sorted(obs)}")
-        if x.shape[-1] != self.policy_obs_size:
-            raise ValueError(
-                f"observation group 'policy' has size {x.shape[-1]}, the policy expects "
-                f"{self.policy_obs_size} (frame x obs_history {self.cfg.obs_history})"
-            )
-        return x
-
-    def obs_features(self, obs: Mapping[str, torch.Tensor] | torch.Tensor) -> torch.Tensor:
-        return self.obs_normalizer(self._policy_obs(obs))
-
-    @torch.no_grad()
-    def update_obs_normalizer(self, obs: torch.Tensor) -> None:
-        """Fold policy observations [..., obs_size] into the actor's statistics (BC, or
-        a learner that trains from scratch)."""
-        if isinstance(self.obs_normalizer, RunningMeanStd):
-            self.obs_normalizer.update(obs)
-
-    @torch.no_grad()
-    def update_critic_normalizer(self, obs: Mapping[str, torch.Tensor]) -> None:
-        """Fold critic observations into the asymmetric critic's statistics (no-op else)."""
-        if self.critic_obs_normalizer is not None:
-            self.critic_obs_normalizer.update(obs["critic"])
-
-    # ------------------------------------------------------------------ critic
-    def value(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """V(obs) [B]. A symmetric critic reads the actor's normalized policy observation."""
-        if self.asymmetric:
-            if "critic" not in obs:
-                raise KeyError(f"the asymmetric critic needs group 'critic'; got {sorted(obs)}")
-            xc = obs["critic"]
-            if self.critic_obs_normalizer is not None:
-                xc = self.critic_obs_normalizer(xc)
-        else:
-            xc = self.obs_features(obs)
-        return self.critic(xc).squeeze(-1)
 
     # ------------------------------------------------------------------ networks
     def velocity(
@@ -512,13 +345,6 @@ class FlowPolicy(nn.Module):
         return [p for net in nets for p in net.parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ training
-    def _check_chunks(self, x: torch.Tensor, what: str) -> None:
-        want = (self.cfg.horizon, self.action_size)
-        if x.dim() != 3 or tuple(x.shape[1:]) != want:
-            raise ValueError(
-                f"{what} must be [B, {want[0]}, {want[1]}] action chunks, got {tuple(x.shape)}"
-            )
-
     def _randn(self, shape: tuple[int, ...], generator, like: torch.Tensor) -> torch.Tensor:
         return torch.randn(shape, generator=generator).to(like.device, like.dtype)
 
@@ -561,21 +387,15 @@ class FlowPolicy(nn.Module):
         pred = self.velocity(xt, t, big, feat)
         return (pred - target).square()
 
-    def bc_loss(
-        self,
-        obs: Mapping[str, torch.Tensor] | torch.Tensor,
-        actions: torch.Tensor,
-        generator: torch.Generator | None = None,
+    def _bc_loss(
+        self, feat: torch.Tensor, x1: torch.Tensor, generator: torch.Generator | None
     ) -> torch.Tensor:
-        """Shortcut flow-matching loss of the velocity network on demonstration chunks.
+        """Shortcut flow-matching loss of the velocity network on demonstration chunks
+        (:meth:`bc_loss`).
 
-        obs: policy observations [B, obs_size]; actions: [B, horizon, A] in env units.
         The first rows (1 - consistency_fraction of B) regress x1 - x0 at d = 0; the
         rest the self-consistency target (module docstring). Mean over every element.
         """
-        self._check_chunks(actions, "bc_loss: actions")
-        feat = self.obs_features(obs)
-        x1 = self.normalize_actions(actions)
         b = x1.shape[0]
         x0 = self._randn(tuple(x1.shape), generator, x1)
         n_sc = int(b * self.cfg.consistency_fraction) if self.cfg.shortcut else 0
@@ -643,7 +463,7 @@ class FlowPolicy(nn.Module):
         t = tau.reshape(-1)
         v = self.velocity(xt, t, torch.zeros_like(t), f)
         err = (v - (xs - e)).square().reshape(b, n, -1)
-        return err.mean(-1) if reduce == "mean" else err.sum(-1)
+        return reduce_last(err, reduce)
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
@@ -745,9 +565,7 @@ class FlowPolicy(nn.Module):
         mean, std = self.chain_moments(obs, chain)
         lp = gaussian_log_prob_per_dim(chain[:, 1:], mean, std)
         ent = torch.log(std) + 0.5 * _LOG_2PI_E
-        if reduce == "mean":
-            return ChainTerms(lp.mean(-1), ent.mean(-1), std)
-        return ChainTerms(lp.sum(-1), ent.sum(-1), std)
+        return ChainTerms(reduce_last(lp, reduce), reduce_last(ent, reduce), std)
 
     def chain_log_prob(
         self,
@@ -779,120 +597,3 @@ class FlowPolicy(nn.Module):
         feat = self.obs_features(obs)
         zeros = feat.new_zeros(feat.shape[0], self.cfg.horizon, self.action_size)
         return self.sample(obs, stochastic=False, noise=zeros).actions[:, 0]
-
-
-class FlowInference(nn.Module):
-    """The deployable flow policy: normalizer, the unrolled Euler sampler, chunk state.
-
-    forward(obs [B, O], noise) -> actions [B, A] when act_steps == 1; forward(obs, noise,
-    action_chunk [B, Ta, A], chunk_step [B, 1]) -> (actions, next_action_chunk,
-    next_chunk_step) otherwise, exactly as :class:`policies.diffusion.DiffusionInference`:
-    where chunk_step (rounded, clamped to [0, Ta)) is 0 a new chunk is sampled and its
-    first action returned, elsewhere the stored chunk's action at that position.
-    noise: x0 [B, Tp, A]; stochastic: [B, K + 1, Tp, A] (x0 and the per-step draws).
-    """
-
-    def __init__(self, policy: FlowPolicy, steps: int, stochastic: bool) -> None:
-        super().__init__()
-        cfg = policy.cfg
-        self.info = FlowInfo(
-            policy.policy_obs_size,
-            policy.action_size,
-            cfg.horizon,
-            cfg.act_steps,
-            steps,
-            stochastic,
-        )
-        self.policy_family = "flow"
-        self.input_names = self.info.input_names
-        self.output_names = self.info.output_names
-        self.noise_shape = self.info.noise_shape
-        self.steps = steps
-        self.stochastic = stochastic
-        self.horizon = cfg.horizon
-        self.act_steps = cfg.act_steps
-        self.action_size = policy.action_size
-        self.chunk_dim = policy.chunk_dim
-        self.normalizer = copy.deepcopy(policy.obs_normalizer)
-        self.actor = copy.deepcopy(policy.actor)
-        self.noise_net = copy.deepcopy(policy.noise_net) if stochastic else None
-        with torch.no_grad():
-            t = torch.arange(steps, dtype=torch.float32, device=policy.action_low.device) / steps
-            d = torch.full_like(t, policy.step_size_input(steps))
-            self.register_buffer("vemb", self.actor.embed(t, d))
-            if self.noise_net is not None:
-                self.register_buffer("nemb", self.noise_net.embed(t))
-        lo, hi = (float(v) for v in policy.noise_bounds)
-        self.noise_lo, self.noise_span = lo, hi - lo
-        self.register_buffer("action_low", policy.action_low.clone())
-        self.register_buffer("action_high", policy.action_high.clone())
-        self.register_buffer("positions", torch.arange(cfg.act_steps, dtype=torch.float32))
-
-    def initial_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        if self.act_steps == 1:
-            return ()
-        return (torch.zeros(batch, self.act_steps, self.action_size), torch.zeros(batch, 1))
-
-    def example_inputs(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
-        obs = torch.zeros(batch, self.info.obs_size)
-        noise = torch.zeros(batch, *self.noise_shape)
-        return (obs, noise, *self.initial_state(batch))
-
-    def sample_chunk(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The whole chunk [B, Tp, A] in env units, from the noise input."""
-        feat = self.normalizer(obs)
-        b = obs.shape[0]
-        if self.stochastic:
-            noise = noise.reshape(b, self.steps + 1, self.chunk_dim)
-            x = noise[:, 0]
-        else:
-            x = noise.reshape(b, self.chunk_dim)
-        for k in range(self.steps):
-            v = self.actor(x, self.vemb[k].unsqueeze(0).expand(b, -1), feat)
-            x_next = x + v / self.steps
-            if self.noise_net is not None:
-                raw = self.noise_net(x, self.nemb[k].unsqueeze(0).expand(b, -1), feat)
-                std = self.noise_lo + self.noise_span * torch.sigmoid(raw)
-                x_next = x_next + std * noise[:, k + 1]
-            x = x_next
-        x = x.clamp(-1.0, 1.0).view(b, self.horizon, self.action_size)
-        return self.action_low + 0.5 * (x + 1.0) * (self.action_high - self.action_low)
-
-    def forward(self, obs: torch.Tensor, noise: torch.Tensor, *state: torch.Tensor):
-        chunk = self.sample_chunk(obs, noise)
-        if self.act_steps == 1:
-            return chunk[:, 0]
-        stored, step = state
-        idx = torch.clamp(torch.round(step), 0.0, float(self.act_steps - 1))  # [B, 1]
-        fresh = (idx == 0.0).unsqueeze(-1)  # [B, 1, 1]
-        current = torch.where(fresh, chunk[:, : self.act_steps], stored)
-        onehot = (self.positions.unsqueeze(0) == idx).to(current.dtype)  # [B, Ta]
-        action = (current * onehot.unsqueeze(-1)).sum(dim=1)
-        next_step = torch.where(
-            idx + 1.0 >= float(self.act_steps), torch.zeros_like(idx), idx + 1.0
-        )
-        return action, current, next_step
-
-
-def flow_exporter(module: nn.Module, meta: Any) -> nn.Module:
-    """deploy.export's exporter for the "flow" family: the inference module already
-    follows the graph layout; check that the metadata describes it."""
-    info = getattr(module, "info", None)
-    if not isinstance(info, FlowInfo):
-        raise ValueError("the flow exporter needs a FlowInference module")
-    if meta.noise_shape is None or tuple(meta.noise_shape) != info.noise_shape:
-        raise ValueError(
-            f"metadata noise_shape {meta.noise_shape} differs from the policy's "
-            f"{list(info.noise_shape)} ("
-            + (
-                "[steps + 1, horizon, actions], stochastic"
-                if info.stochastic
-                else "[horizon, actions]"
-            )
-            + ")"
-        )
-    want = [(n, list(s)) for n, s in info.recurrent_state]
-    got = [(n, list(s)) for n, s in meta.recurrent_state]
-    if got != want:
-        raise ValueError(f"metadata recurrent_state {got} differs from the policy's {want}")
-    return module

@@ -29,24 +29,15 @@ and the value normalizer come from the core as well.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from policies.chunked import REDUCTIONS, reduce_last
 from policies.diffusion import DiffusionPolicy
-from training.algorithms.base import OnPolicyConfig, OnPolicyLearnerState
-from training.core import (
-    PolicyLossConfig,
-    gae,
-    get_loss_config,
-    kl_early_stop,
-    policy_loss,
-)
-from training.storage import ChunkRolloutStorage
-
-REDUCTIONS = ("mean", "sum")
+from training.algorithms.base import OnPolicyConfig
+from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning
+from training.core import PolicyLossConfig, get_loss_config, policy_loss
 
 
 @dataclass
@@ -126,24 +117,22 @@ class DPPOConfig(OnPolicyConfig):
         ]
 
 
-class DPPO(OnPolicyLearnerState):
-    """The DPPO learner: acting with chunks, storage, and the update through the core.
+class DPPO(ChunkLearner):
+    """The DPPO learner: denoising-chain chunks, storage, the update through the core.
 
     policy: a DiffusionPolicy (fine-tuning is enabled here with cfg.ft_steps). obs_sizes:
-    the observation groups to store (the critic may read "critic").
+    the observation groups to store (the critic may read "critic"). The observation
+    normalizer stays as pretrained.
     """
 
-    def __init__(
-        self,
-        policy: DiffusionPolicy,
-        cfg: DPPOConfig,
-        num_envs: int,
-        obs_sizes: Mapping[str, int],
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.cfg = cfg
-        self.device = torch.device(device)
-        self.policy = policy.to(self.device)
+    cfg: DPPOConfig
+    policy: DiffusionPolicy
+
+    stat_names = ("policy_loss", "value_loss", "bc_loss", "approx_kl", "clip_frac", "ratio_max")
+
+    def _prepare(self) -> FineTuning:
+        """The trainable copy for the chain's last K' steps, their weights and clip scales."""
+        cfg, policy = self.cfg, self.policy
         pcfg = policy.cfg
         if cfg.ft_steps > pcfg.sample_steps:
             raise ValueError(
@@ -154,9 +143,6 @@ class DPPO(OnPolicyLearnerState):
         self.chain = policy.chain(eta=cfg.eta)
         n_steps = self.chain.num_steps
         self.start = n_steps - cfg.ft_steps
-        self.num_envs = int(num_envs)
-        self.horizon, self.act_steps = pcfg.horizon, pcfg.act_steps
-        self.action_size = policy.action_size
         ks = range(self.start, n_steps)
         # denoising discount gamma_d^(N-1-k): the last step weighs 1, noisier steps less
         self.weights = torch.tensor(
@@ -165,43 +151,11 @@ class DPPO(OnPolicyLearnerState):
         self.clip_scale = torch.tensor(
             [e / cfg.clip for e in cfg.clip_schedule()], device=self.device
         ).view(1, -1)
-        self.loss_cfg = cfg.loss_config()
-        actor_params = policy.actor_parameters()
-        critic_params = [p for p in policy.critic.parameters()]
-        self.params = actor_params + critic_params
-        self.optimizer = torch.optim.Adam(
-            [
-                {"params": actor_params, "lr": cfg.actor_lr},
-                {"params": critic_params, "lr": cfg.critic_lr},
-            ],
-            fused=True,
-        )
-        if cfg.num_minibatches > cfg.num_steps * self.num_envs:
-            raise ValueError(
-                f"DPPOConfig.num_minibatches ({cfg.num_minibatches}) exceeds the rollout "
-                f"size ({cfg.num_steps} x {self.num_envs})"
-            )
-        self.storage = ChunkRolloutStorage(
-            cfg.num_steps,
-            self.num_envs,
-            obs_sizes,
-            policy.policy_obs_size,
-            cfg.ft_steps,
-            self.horizon,
-            self.action_size,
-            self.device,
-        )
-        self._init_learner_state()
-        n = self.num_envs
-        self.position = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.current_chunk = torch.zeros(n, dtype=torch.long, device=self.device)
-        self.chunk_actions = torch.zeros(n, self.act_steps, self.action_size, device=self.device)
+        # the storage keeps the fine-tuned part of each chain; the normalizer stays as BC
+        # left it
+        return FineTuning(policy.actor_parameters(), cfg.ft_steps, update_obs_normalizer=False)
 
     # ------------------------------------------------------------------ log-probs
-    def _reduce(self, logp: torch.Tensor) -> torch.Tensor:
-        """[..., A] per-dimension log-probs -> [...] per chunk position."""
-        return logp.mean(-1) if self.cfg.logprob_reduce == "mean" else logp.sum(-1)
-
     def chunk_log_prob(
         self, obs: torch.Tensor, chain_ft: torch.Tensor, reference: bool = False
     ) -> torch.Tensor:
@@ -214,174 +168,37 @@ class DPPO(OnPolicyLearnerState):
             min_std=self.cfg.min_std,
             reference=reference,
         )
-        return self._reduce(lp)
+        return reduce_last(lp, self.cfg.logprob_reduce)
 
     # ------------------------------------------------------------------ acting
-    @torch.no_grad()
-    def act(self, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Actions [N, A] for this env step; new chunks for envs at a chunk boundary.
-
-        A rollout starts every env on a fresh chunk, so no chunk spans two rollouts (the
-        unexecuted rest of the last chunk is simply not credited).
-        """
-        st = self.storage
-        if st.step == 0:
-            self.position.zero_()
-        need = self.position == 0
-        if bool(need.any()):
-            idx = need.nonzero().squeeze(-1)
-            x = obs["policy"][idx]
-            s = self.policy.sample(x, chain=self.chain, min_std=self.cfg.min_std, return_chain=True)
-            assert s.chain is not None
-            chain_ft = s.chain[:, self.start :]
-            logp = self.chunk_log_prob(x, chain_ft)
-            ids = st.add_chunks(x, chain_ft, logp)
-            self.current_chunk[idx] = ids
-            self.chunk_actions[idx] = s.actions[:, : self.act_steps]
-        rows = torch.arange(self.num_envs, device=self.device)
-        actions = self.chunk_actions[rows, self.position]
-        st.add_row(obs, self._values(obs), self.current_chunk, self.position)
-        return actions
-
-    @torch.no_grad()
-    def process_env_step(
-        self,
-        next_obs: Mapping[str, torch.Tensor],
-        reward: torch.Tensor,
-        terminated: torch.Tensor,
-        truncated: torch.Tensor,
-        info: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Record the env's answer; envs whose episode ended start a new chunk next."""
-        next_values = self._bootstrap(next_obs, info)
-        terminated = terminated.to(torch.bool)
-        dones = terminated | truncated.to(torch.bool)
-        self.storage.add_env_step(reward, terminated, dones, next_values)
-        pos = self.position + 1
-        pos = torch.where((pos >= self.act_steps) | dones, torch.zeros_like(pos), pos)
-        self.position.copy_(pos)
+    def _new_chunks(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.policy.sample(obs, chain=self.chain, min_std=self.cfg.min_std, return_chain=True)
+        assert s.chain is not None
+        chain_ft = s.chain[:, self.start :]
+        ids = self.storage.add_chunks(obs, chain_ft, self.chunk_log_prob(obs, chain_ft))
+        return s.actions, ids
 
     # ------------------------------------------------------------------ update
-    def _credit(self, adv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter env-step advantages [T, N] onto the chunk positions that executed them.
-
-        Returns (advantages [C, Tp], mask [C, Tp]); positions never executed stay masked.
-        """
-        st = self.storage
-        c = st.num_chunks
-        adv_c = torch.zeros(c, self.horizon, device=self.device)
-        mask_c = torch.zeros(c, self.horizon, device=self.device)
-        ci = st.chunk_index.reshape(-1)
-        pj = st.position.reshape(-1)
-        adv_c[ci, pj] = adv.reshape(-1).to(adv_c.dtype)
-        mask_c[ci, pj] = 1.0
-        return adv_c, mask_c
-
-    def update(self) -> dict[str, float]:
-        """Learn from the full rollout; statistics are means over minibatch steps.
-
-        Never raises on numbers (training.core.guard): a step whose loss or gradient is
-        not finite is skipped, a rollout whose returns or advantages are not finite is
-        not learned from; both are counted in "nonfinite_steps".
-        """
-        cfg = self.cfg
-        st = self.storage
-        if not st.is_full:
-            raise RuntimeError(
-                f"DPPO.update needs a full rollout: {st.step} of {cfg.num_steps} steps"
-            )
-        adv, returns = gae(
-            st.rewards, st.values, st.next_values, st.terminated, st.dones, cfg.gamma, cfg.lam
-        )
-        names = (
-            "policy_loss",
-            "value_loss",
-            "bc_loss",
-            "approx_kl",
-            "clip_frac",
-            "ratio_max",
-            "grad_norm",
-        )
-        sums = dict.fromkeys(names, 0.0)
-        steps = 0
-        early = False
-        c = st.num_chunks
-        executed = 0.0
-        if self.guard.finite_batch(returns, adv):
-            if self.value_normalizer is not None:
-                self.value_normalizer.update(returns)
-            if cfg.normalize_advantages:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-            adv_c, mask_c = self._credit(adv)
-            executed = float(mask_c.sum()) / max(c * self.act_steps, 1)
-            rows = cfg.num_steps * self.num_envs
-            flat_obs = {k: v.reshape(rows, -1) for k, v in st.obs.items()}
-            flat_ret = returns.reshape(-1)
-            flat_val = st.values.reshape(-1)
-            m = cfg.num_minibatches
-            for _ in range(cfg.num_epochs):
-                chunk_perm = torch.randperm(c, generator=self.generator).to(self.device)
-                row_perm = torch.randperm(rows, generator=self.generator).to(self.device)
-                for cb, rb in zip(chunk_perm.chunk(m), row_perm.chunk(m)):
-                    mb_obs = {k: v[rb] for k, v in flat_obs.items()}
-                    vals = self._minibatch_step(
-                        cb, adv_c, mask_c, mb_obs, flat_ret[rb], flat_val[rb]
-                    )
-                    if vals is None:
-                        continue
-                    for name, x in zip(names, vals):
-                        sums[name] += x
-                    steps += 1
-                    if kl_early_stop(vals[3], cfg.target_kl):
-                        early = True
-                        break
-                if early:
-                    break
-        self.policy.update_critic_normalizer(st.obs)
-        stats = {k: s / max(steps, 1) for k, s in sums.items()}
-        stats.update(
-            minibatch_steps=float(steps),
-            early_stopped=float(early),
-            nonfinite_steps=float(self.guard.nonfinite_steps),
-            chunks=float(c),
-            executed_fraction=executed,
-            returns_mean=float(returns.mean()),
-            values_mean=float(st.values.mean()),
-            actor_lr=self.optimizer.param_groups[0]["lr"],
-        )
-        st.clear()
-        self.num_updates += 1
-        return stats
-
-    def _minibatch_step(
-        self,
-        cb: torch.Tensor,
-        adv_c: torch.Tensor,
-        mask_c: torch.Tensor,
-        obs: dict[str, torch.Tensor],
-        target: torch.Tensor,
-        old_v: torch.Tensor,
-    ) -> list[float] | None:
-        """One guarded step on the chunks ``cb`` and the env-step rows of ``obs``; its
-        statistics (policy, value and BC losses, approx_kl, clip_frac, ratio_max, grad
-        norm), or None if it was skipped."""
-        cfg, st, k_ft = self.cfg, self.storage, self.cfg.ft_steps
+    def _loss(self, mb: ChunkMinibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Policy loss over the executed positions and fine-tuned steps, value loss, and
+        the BC term when bc_coef > 0."""
+        cfg, st, k_ft, cb = self.cfg, self.storage, self.cfg.ft_steps, mb.chunks
         new = self.chunk_log_prob(st.chunk_obs[cb], st.chunk_chain[cb])
         old = st.chunk_logp[cb]
         # rows: one per (chunk, position); columns: the K' fine-tuned steps
         new_r = new.permute(0, 2, 1).reshape(-1, k_ft)
         old_r = old.permute(0, 2, 1).reshape(-1, k_ft)
-        mask = mask_c[cb].reshape(-1, 1).expand(-1, k_ft)
+        mask = mb.mask.reshape(-1, 1).expand(-1, k_ft)
         pl, pstats = policy_loss(
             new_r,
             old_r,
-            adv_c[cb].reshape(-1),
+            mb.adv.reshape(-1),
             self.loss_cfg,
             mask=mask,
             weights=self.weights,
             clip_scale=self.clip_scale,
         )
-        vl = self._value_loss(self.policy.value(obs), old_v, target)
+        vl = self._value_loss(self.policy.value(mb.obs), mb.old_values, mb.returns)
         loss = pl + cfg.value_coef * vl
         bc = torch.zeros((), device=self.device)
         if cfg.bc_coef > 0:
@@ -397,25 +214,4 @@ class DPPO(OnPolicyLearnerState):
             bc_lp = self.chunk_log_prob(st.chunk_obs[cb], ref[:, self.start :])
             bc = -bc_lp.mean()
             loss = loss + cfg.bc_coef * bc
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        stats = [
-            loss,
-            pstats["policy_loss"],
-            vl,
-            bc,
-            pstats["approx_kl"],
-            pstats["clip_frac"],
-            pstats["ratio_max"],
-        ]
-        values = self.guard.step(stats)
-        return None if values is None else values[1:]
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Everything but the policy's weights (the runner stores those once)."""
-        return self._learner_state()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._load_learner_state(state)
-        self.storage.clear()
+        return loss, {**pstats, "value_loss": vl, "bc_loss": bc}

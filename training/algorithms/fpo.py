@@ -33,24 +33,21 @@ flow-matching losses, estimated with the same draws under both parameters::
 
 Works from scratch (random networks: the first samples are about N(0, I), clipped) as
 well as from a flow BC start; from scratch the observation normalizer learns from the
-rollouts (:class:`training.algorithms.reinflow.ChunkLearner`).
+rollouts (:class:`training.algorithms.chunks.ChunkLearner`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
+from policies.chunked import REDUCTIONS
 from policies.flow import FlowPolicy, check_steps
 from training.algorithms.base import OnPolicyConfig
-from training.algorithms.reinflow import ChunkLearner
+from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning
 from training.core import PolicyLossConfig, get_loss_config, policy_loss
-from training.storage import ChunkRolloutStorage
-
-REDUCTIONS = ("mean", "sum")
 
 __all__ = ["FPO", "FPOConfig"]
 
@@ -115,6 +112,9 @@ class FPO(ChunkLearner):
     the noise network stays frozen. obs_sizes: the observation groups to store.
     """
 
+    cfg: FPOConfig
+    policy: FlowPolicy
+
     stat_names = (
         "policy_loss",
         "value_loss",
@@ -125,56 +125,19 @@ class FPO(ChunkLearner):
         "ratio_max",
     )
 
-    def __init__(
-        self,
-        policy: FlowPolicy,
-        cfg: FPOConfig,
-        num_envs: int,
-        obs_sizes: Mapping[str, int],
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.cfg = cfg
-        self.device = torch.device(device)
-        self.policy = policy.to(self.device)
-        pcfg = policy.cfg
-        actor_params = policy.enable_finetuning(cfg.flow_steps, velocity=True, noise=False)
-        self.steps = policy.steps
-        self.num_envs = int(num_envs)
-        self.horizon, self.act_steps = pcfg.horizon, pcfg.act_steps
-        self.action_size = policy.action_size
-        self.loss_cfg = cfg.loss_config()
-        critic_params = list(policy.critic.parameters())
-        self.params = actor_params + critic_params
-        self.optimizer = torch.optim.Adam(
-            [
-                {"params": actor_params, "lr": cfg.actor_lr},
-                {"params": critic_params, "lr": cfg.critic_lr},
-            ],
-            fused=True,
-        )
-        if cfg.num_minibatches > cfg.num_steps * self.num_envs:
-            raise ValueError(
-                f"FPOConfig.num_minibatches ({cfg.num_minibatches}) exceeds the rollout "
-                f"size ({cfg.num_steps} x {self.num_envs})"
-            )
-        # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
-        self.storage = ChunkRolloutStorage(
-            cfg.num_steps,
-            self.num_envs,
-            obs_sizes,
-            policy.policy_obs_size,
-            0,
-            self.horizon,
-            self.action_size,
-            self.device,
-        )
+    def _prepare(self) -> FineTuning:
+        """The sampler's Euler steps, the velocity network trains; room for the draws."""
+        cfg = self.cfg
+        actor_params = self.policy.enable_finetuning(cfg.flow_steps, velocity=True, noise=False)
+        self.steps = self.policy.steps
         cap = cfg.num_steps * self.num_envs
         n = cfg.num_draws
         z = dict(device=self.device)
         self.tau = torch.zeros(cap, n, **z)
         self.eps = torch.zeros(cap, n, self.horizon, self.action_size, **z)
         self.loss_old = torch.zeros(cap, n, **z)
-        self._init_chunk_state(cfg.update_obs_normalizer)
+        # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
+        return FineTuning(actor_params, 0, cfg.update_obs_normalizer)
 
     # ------------------------------------------------------------------ acting
     def _new_chunks(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,28 +171,20 @@ class FPO(ChunkLearner):
         )
         return (self.loss_old[cb] - new).mean(-1), new
 
-    def _minibatch_step(
-        self,
-        cb: torch.Tensor,
-        adv_c: torch.Tensor,
-        mask_c: torch.Tensor,
-        obs: dict[str, torch.Tensor],
-        target: torch.Tensor,
-        old_v: torch.Tensor,
-    ) -> list[float] | None:
-        cfg, st = self.cfg, self.storage
+    def _loss(self, mb: ChunkMinibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        cfg, st, cb = self.cfg, self.storage, mb.chunks
         log_ratio, new = self.chunk_log_ratio(cb)
         # rows: one per (chunk, position), each with its chunk's ratio
         rows_lr = log_ratio.unsqueeze(-1).expand(-1, self.horizon).reshape(-1)
         pl, pstats = policy_loss(
             None,
             None,
-            adv_c[cb].reshape(-1),
+            mb.adv.reshape(-1),
             self.loss_cfg,
-            mask=mask_c[cb].reshape(-1),
+            mask=mb.mask.reshape(-1),
             log_ratio=rows_lr,
         )
-        vl = self._value_loss(self.policy.value(obs), old_v, target)
+        vl = self._value_loss(self.policy.value(mb.obs), mb.old_values, mb.returns)
         loss = pl + cfg.value_coef * vl
         sc = torch.zeros((), device=self.device)
         if cfg.consistency_coef > 0 and self.policy.cfg.shortcut:
@@ -237,20 +192,8 @@ class FPO(ChunkLearner):
                 st.chunk_obs[cb], st.chunk_chain[cb, 0], generator=self.generator
             )
             loss = loss + cfg.consistency_coef * sc
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        stats = [
-            loss,
-            pstats["policy_loss"],
-            vl,
-            sc,
-            new.detach().mean(),
-            pstats["approx_kl"],
-            pstats["clip_frac"],
-            pstats["ratio_max"],
-        ]
-        values = self.guard.step(stats)
-        return None if values is None else values[1:]
+        cfm = new.detach().mean()
+        return loss, {**pstats, "value_loss": vl, "consistency_loss": sc, "cfm_loss": cfm}
 
     def _extra_stats(self) -> dict[str, float]:
         c = self.storage.num_chunks
