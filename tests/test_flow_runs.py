@@ -112,3 +112,21 @@ def test_a_start_of_the_wrong_family_is_refused(tmp_path, flow_bc, capsys):
         err = capsys.readouterr().err
         assert f"--init {start} is a" in err and "starts from a" in err
         assert not (tmp_path / algo).exists()
+
+
+@pytest.mark.parametrize("algo", ["reinflow", "fpo"])
+def test_fine_tuning_beats_its_bc_start_on_cartpole(tmp_path, algo):
+    """Flow BC on poor demonstrations (random actions), then 20k env steps of RL."""
+    demos = random_demos(tmp_path / "d.hdf5", "cartpole", lengths=(40, 40, 40, 40))
+    argv = ["train", "bc", "--policy", "flow", "--data", str(demos), "--steps", "200"]
+    argv += ["--run-dir", str(tmp_path / "bc"), "--no-artifacts", *QUIET, "bc.batch_size=64"]
+    argv += ["policy.hidden=64,64", "policy.critic_hidden=64,64", "policy.horizon=4"]
+    argv += ["policy.act_steps=2", "policy.sample_steps=2"]
+    assert main(argv) == 0
+    bc = load_policy(tmp_path / "bc").evaluate(episodes=16, seed=1, deterministic=False)
+    argv = ["train", algo, "--init", str(tmp_path / "bc"), "--steps", "20000"]
+    argv += ["--run-dir", str(tmp_path / algo), "--no-artifacts", *QUIET]
+    argv += ["env.num_envs=16", f"{algo}.num_steps=32"]
+    assert main(argv) == 0
+    tuned = load_policy(tmp_path / algo).evaluate(episodes=16, seed=1, deterministic=False)
+    assert tuned["return_mean"] > 2 * bc["return_mean"] + 20, (bc["return_mean"], tuned)
