@@ -233,3 +233,18 @@ def test_a_damaged_checkpoint_is_an_error_naming_it_in_every_command(
     assert str(ck) in err and "Traceback" not in err
     assert not Path("/tmp/sim2real_pwned").exists()
     assert not (tmp_path / "d").exists() and not (tmp_path / "d.hdf5").exists()
+
+
+def test_randomize_on_a_task_without_randomization_says_so(tmp_path, capsys, good_run):
+    assert main(["eval", str(good_run), "--episodes", "1", "--randomize"]) == 2
+    assert "task 'cartpole' has no default randomization" in capsys.readouterr().err
+
+
+def test_the_python_api_renders_offscreen_without_being_told(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    code = "import os, sim; print(os.environ['MUJOCO_GL'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "egl", out.stderr[-500:]

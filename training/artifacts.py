@@ -99,6 +99,19 @@ def finish_run(runner: Any, summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _check_randomizable(task: str) -> None:
+    """--randomize on a task whose sim-to-real defaults randomize nothing is an error, not
+    a silent nominal evaluation."""
+    from sim.randomization import SimToRealConfig
+    from sim.registry import task_class
+
+    if task_class(task).default_s2r() == SimToRealConfig():
+        raise ValueError(
+            f"--randomize: task {task!r} has no default randomization, noise or latency to "
+            f"turn on (its sim-to-real defaults are the nominal model)"
+        )
+
+
 def evaluate_source(
     source: str | os.PathLike,
     task: str | None = None,
@@ -120,6 +133,11 @@ def evaluate_source(
     if str(source).endswith(".onnx"):
         from deploy.sim2sim import evaluate_onnx
 
+        if randomize:
+            from deploy.metadata import read_metadata
+
+            _check_randomizable(task or read_metadata(source).task)
+
         counters: dict[str, int] = {}
         stats = evaluate_onnx(
             source,
@@ -132,6 +150,8 @@ def evaluate_source(
         )
         return {**stats, "safety": counters}
     loaded = load_policy(source, task=task)
+    if randomize:
+        _check_randomizable(loaded.cfg.env.task)
     generative = loaded.kind.family.name != "gaussian"
     stats = loaded.evaluate(
         episodes, seed, randomize, deterministic=zero_noise if generative else True
