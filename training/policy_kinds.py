@@ -101,30 +101,24 @@ def _gaussian_policy(cfg: Any, env) -> ActorCritic:
     return ActorCritic(groups["policy"].size, _critic_size(env), env.action_spec.size, cfg.policy)
 
 
-def _diffusion_policy(cfg: Any, env) -> DiffusionPolicy:
-    return DiffusionPolicy(
-        env.observation_spec.groups["policy"].size,
-        env.action_spec.size,
-        cfg.policy,
-        env.action_spec.low,
-        env.action_spec.high,
-        critic_obs_size=_critic_size(env),
-    )
+def _chunk_policy(cls: type) -> Callable[[Any, Any], torch.nn.Module]:
+    """The builder of a chunked generative policy (diffusion, flow): same constructor."""
+
+    def build(cfg: Any, env) -> torch.nn.Module:
+        return cls(
+            env.observation_spec.groups["policy"].size,
+            env.action_spec.size,
+            cfg.policy,
+            env.action_spec.low,
+            env.action_spec.high,
+            critic_obs_size=_critic_size(env),
+        )
+
+    return build
 
 
 def _gaussian_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
     return TorchActor(policy, num_envs, policy_device(policy))
-
-
-def _flow_policy(cfg: Any, env) -> FlowPolicy:
-    return FlowPolicy(
-        env.observation_spec.groups["policy"].size,
-        env.action_spec.size,
-        cfg.policy,
-        env.action_spec.low,
-        env.action_spec.high,
-        critic_obs_size=_critic_size(env),
-    )
 
 
 def _chunk_actor(policy: Any, num_envs: int, deterministic: bool, seed: int) -> ActFn:
@@ -170,7 +164,7 @@ GAUSSIAN = PolicyFamily(
 )
 DIFFUSION = PolicyFamily(
     "diffusion",
-    _diffusion_policy,
+    _chunk_policy(DiffusionPolicy),
     lambda cfg: cfg.policy.obs_history,
     SAMPLER_FIELDS,
     _chunk_actor,
@@ -178,7 +172,7 @@ DIFFUSION = PolicyFamily(
 )
 FLOW = PolicyFamily(
     "flow",
-    _flow_policy,
+    _chunk_policy(FlowPolicy),
     lambda cfg: cfg.policy.obs_history,
     FLOW_SAMPLER_FIELDS,
     _chunk_actor,
