@@ -23,16 +23,50 @@ which position the executed action came from (:class:`training.storage.ChunkRoll
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 
 from policies.chunked import ChunkPolicy
-from training.algorithms.base import OnPolicyLearnerState
+from policies.flow import check_steps
+from training.algorithms.base import OnPolicyConfig, OnPolicyLearnerState
 from training.core import gae, kl_early_stop
 from training.storage import ChunkRolloutStorage
 
-__all__ = ["ChunkLearner", "ChunkMinibatch", "FineTuning", "credit_chunks"]
+__all__ = ["ChunkLearner", "ChunkMinibatch", "FineTuning", "FlowLearnerConfig", "credit_chunks"]
+
+
+@dataclass
+class FlowLearnerConfig(OnPolicyConfig):
+    """What the flow learners (ReinFlow, FPO) share: the rollout and value settings of
+    this project's DPPO (the closest measured learner on the same tasks; not yet tuned on
+    their own benchmarks), the chain's step count and the two learning rates."""
+
+    num_steps: int = 64
+    num_epochs: int = 8
+    value_coef: float = 0.5
+    value_clip: float | None = None
+    value_normalization: bool = True
+    flow_steps: int | None = None
+    """Euler steps of the chain while fine-tuning, 1 to 10 (None: the policy's
+    sample_steps); the policy keeps it for evaluation and export."""
+    actor_lr: float = 3e-4
+    """Learning rate of the trained actor networks."""
+    critic_lr: float = 1e-3
+    """Learning rate of the critic."""
+    update_obs_normalizer: bool | None = None
+    """Fold each rollout's observations into the actor's normalizer after the update
+    (None: only when the policy's normalizer has seen no data, i.e. from scratch)."""
+
+    def check_flow(self):
+        """Validate the shared fields; the checker, for the subclass's own."""
+        check = self.check_common()
+        check.finite("actor_lr", "critic_lr")
+        check.positive("actor_lr", "critic_lr")
+        if self.flow_steps is not None:
+            check_steps(self.flow_steps, f"{type(self).__name__}.flow_steps")
+        return check
 
 
 class FineTuning(NamedTuple):

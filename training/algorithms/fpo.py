@@ -44,32 +44,19 @@ from dataclasses import dataclass
 import torch
 
 from policies.chunked import REDUCTIONS
-from policies.flow import FlowPolicy, check_steps
-from training.algorithms.base import OnPolicyConfig
-from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning
+from policies.flow import FlowPolicy
+from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning, FlowLearnerConfig
 from training.core import PolicyLossConfig, get_loss_config, policy_loss
 
 __all__ = ["FPO", "FPOConfig"]
 
 
 @dataclass
-class FPOConfig(OnPolicyConfig):
-    """FPO: rollout, the sampler, the flow-matching draws, clipping, rates, value loss.
+class FPOConfig(FlowLearnerConfig):
+    """FPO: rollout, the sampler, the flow-matching draws, clipping, rates, value loss."""
 
-    Rollout, epochs and rates follow this project's DPPO settings; not yet tuned on
-    FPO's own benchmark.
-    """
-
-    num_steps: int = 64
-    num_epochs: int = 8
     clip: float = 0.05
     """Ratio clip range (the paper's FPO clips more tightly than PPO)."""
-    value_coef: float = 0.5
-    value_clip: float | None = None
-    value_normalization: bool = True
-    flow_steps: int | None = None
-    """Euler steps of the acting sampler, 1 to 10 (None: the policy's sample_steps);
-    the policy keeps it for evaluation and export."""
     num_draws: int = 8
     """N, the (tau, eps) pairs per sampled chunk that estimate its flow-matching loss."""
     cfm_reduce: str = "mean"
@@ -82,23 +69,13 @@ class FPOConfig(OnPolicyConfig):
     """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
     few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
     flow-matching policy)."""
-    actor_lr: float = 3e-4
-    """Learning rate of the velocity network."""
-    critic_lr: float = 1e-3
-    """Learning rate of the critic."""
-    update_obs_normalizer: bool | None = None
-    """Fold each rollout's observations into the actor's normalizer after the update
-    (None: only when the policy's normalizer has seen no data, i.e. from scratch)."""
 
     def __post_init__(self) -> None:
-        check = self.check_common()
+        check = self.check_flow()
         check.ints("num_draws")
-        check.finite("explore_std", "consistency_coef", "actor_lr", "critic_lr")
+        check.finite("explore_std", "consistency_coef")
         check.nonnegative("explore_std", "consistency_coef")
-        check.positive("actor_lr", "critic_lr")
         check.one_of("cfm_reduce", REDUCTIONS)
-        if self.flow_steps is not None:
-            check_steps(self.flow_steps, "FPOConfig.flow_steps")
         self.loss_config()
 
     def loss_config(self) -> PolicyLossConfig:

@@ -32,9 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from policies.chunked import REDUCTIONS
-from policies.flow import FlowPolicy, check_steps
-from training.algorithms.base import OnPolicyConfig
-from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning, credit_chunks
+from policies.flow import FlowPolicy
+from training.algorithms.chunks import (
+    ChunkLearner,
+    ChunkMinibatch,
+    FineTuning,
+    FlowLearnerConfig,
+    credit_chunks,
+)
 from training.core import PolicyLossConfig, get_loss_config, policy_loss
 
 # ChunkLearner and credit_chunks lived here before training.algorithms.chunks
@@ -42,22 +47,11 @@ __all__ = ["ChunkLearner", "ReinFlow", "ReinFlowConfig", "credit_chunks"]
 
 
 @dataclass
-class ReinFlowConfig(OnPolicyConfig):
-    """ReinFlow: rollout, the noisy Euler chain, clipping, rates, value loss.
+class ReinFlowConfig(FlowLearnerConfig):
+    """ReinFlow: rollout, the noisy Euler chain (ReinFlow uses 1 to 4 flow_steps),
+    clipping, rates, value loss."""
 
-    Rollout, epochs, clip and rates follow this project's DPPO settings (the closest
-    measured learner on the same tasks); not yet tuned on ReinFlow's own benchmark.
-    """
-
-    num_steps: int = 64
-    num_epochs: int = 8
     clip: float = 0.1
-    value_coef: float = 0.5
-    value_clip: float | None = None
-    value_normalization: bool = True
-    flow_steps: int | None = None
-    """Euler steps of the chain while fine-tuning, 1 to 10 (None: the policy's
-    sample_steps); the policy keeps it for evaluation and export. ReinFlow uses 1 to 4."""
     noise_min: float | None = None
     """Lower bound of the noise network's std (normalized action units; None: the
     policy's); a floor keeps the log-probabilities finite and the policy exploring."""
@@ -72,22 +66,12 @@ class ReinFlowConfig(OnPolicyConfig):
     already keep the policy exploring)."""
     train_velocity: bool = True
     """Fine-tune the velocity network; False: only the noise network (and the critic)."""
-    actor_lr: float = 3e-4
-    """Learning rate of the velocity and the noise network."""
-    critic_lr: float = 1e-3
-    """Learning rate of the critic."""
-    update_obs_normalizer: bool | None = None
-    """Fold each rollout's observations into the actor's normalizer after the update
-    (None: only when the policy's normalizer has seen no data, i.e. from scratch)."""
 
     def __post_init__(self) -> None:
-        check = self.check_common()
-        check.finite("actor_lr", "critic_lr", "entropy_coef")
-        check.positive("actor_lr", "critic_lr")
+        check = self.check_flow()
+        check.finite("entropy_coef")
         check.nonnegative("entropy_coef")
         check.one_of("logprob_reduce", REDUCTIONS)
-        if self.flow_steps is not None:
-            check_steps(self.flow_steps, "ReinFlowConfig.flow_steps")
         check.positive_or_none("noise_min", "noise_max")
         if (
             self.noise_min is not None
