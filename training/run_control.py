@@ -3,6 +3,7 @@ and checkpoint cadence, and the code version saved in checkpoints."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import subprocess
 from collections.abc import Callable
@@ -10,8 +11,12 @@ from pathlib import Path
 from typing import Any
 
 
+@functools.cache
 def code_version() -> str:
-    """Short git hash of this checkout, "unknown" outside git; saved in checkpoints."""
+    """Short git hash of this checkout, "unknown" outside git; saved in checkpoints.
+
+    Asked once per process: every checkpoint carries it, and a git subprocess per
+    checkpoint would cost more than writing the checkpoint itself."""
     try:
         here = Path(__file__).resolve().parent.parent
         out = subprocess.run(
