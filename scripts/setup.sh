@@ -12,4 +12,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[${EXTRAS}]"
+# robot models other packages ship (the Unitree Go1, from mjlab's wheel): fetched now, by
+# pip from the same index, so that nothing downloads at run time; a failure stops setup
+.venv/bin/python -m sim.robot_assets install
 echo "setup: .venv ready with extras [${EXTRAS}]"

@@ -87,6 +87,33 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "policy.critic_hidden": (256, 128, 64),
         "run.total_steps": 5_000_000,
     },
+    # the Unitree Go1 (sim/tasks/go1.py): the quadruped's settings, which walked the
+    # quadruped at 6M steps (docs/benchmarks_ppo.md), with a longer budget for the real
+    # robot's softer joints (kp 16-36 Nm/rad against 30)
+    "go1": {
+        "env.num_envs": 256,
+        "ppo.num_steps": 24,
+        "ppo.num_epochs": 5,
+        "ppo.num_minibatches": 4,
+        "ppo.lr": 1e-3,
+        "ppo.entropy_coef": 0.01,
+        "policy.actor_hidden": (256, 128, 64),
+        "policy.critic_hidden": (256, 128, 64),
+        "run.total_steps": 10_000_000,
+    },
+    # rough terrain: the critic reads a 187-point height scan, hence its wider layers
+    # (legged_gym's 512-256-128); climbing the curriculum's levels takes many more steps
+    "go1_rough": {
+        "env.num_envs": 256,
+        "ppo.num_steps": 24,
+        "ppo.num_epochs": 5,
+        "ppo.num_minibatches": 4,
+        "ppo.lr": 1e-3,
+        "ppo.entropy_coef": 0.01,
+        "policy.actor_hidden": (256, 128, 64),
+        "policy.critic_hidden": (512, 256, 128),
+        "run.total_steps": 50_000_000,
+    },
 }
 
 # DPPO fine-tuning, on top of DPPOConfig's defaults (training.algorithms.dppo) and under

@@ -8,6 +8,9 @@ and a critic that also sees privileged state (base velocity, the randomized phys
 Bring your own robot with `model_path=`: any MJCF with a free-floating body "base",
 joints <leg>_{hip,thigh,calf}_joint for legs FL, FR, RL, RR, one position actuator
 per joint, foot geoms <leg>_foot, a keyframe "home" and a flat floor at z = 0.
+A subclass may name the base body and the feet otherwise (`base_body`, `foot_geoms`),
+build its model in code (`_load_model`) and stand on uneven ground (`_ground_under`,
+`_base_touches_ground`); sim/tasks/go1.py does all four.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class Quadruped(MujocoVecEnv):
     frame_skip = 10  # 500 Hz physics, 50 Hz policy
     max_episode_steps = 1000  # 20 s
     base_body = "base"
+    foot_geoms: tuple[str, ...] = FEET  # in LEGS order
 
     action_scale = 0.25
     # command ranges: forward (m/s), lateral (m/s), yaw rate (rad/s), body frame
@@ -175,8 +179,8 @@ class Quadruped(MujocoVecEnv):
         super().__init__(num_envs, seed, device, s2r, **kwargs)
         n = self.num_envs
         self.commands = np.zeros((n, 3))
-        self.feet_air_time = np.zeros((n, len(FEET)))
-        self.last_contacts = np.zeros((n, len(FEET)), dtype=bool)
+        self.feet_air_time = np.zeros((n, len(self.foot_geoms)))
+        self.last_contacts = np.zeros((n, len(self.foot_geoms)), dtype=bool)
         self._prev_applied = np.zeros((n, self.action_spec.size))
         self._last_joint_vel = np.zeros((n, len(JOINTS)))
         # an infinite interval keeps each episode's first command
@@ -210,11 +214,15 @@ class Quadruped(MujocoVecEnv):
         )
 
     def _task_model(self) -> mujoco.MjModel:
-        path = self.model_path or DEFAULT_MODEL
-        m = load_model(path)
-        self._index_model(m, path)
+        m, source = self._load_model()
+        self._index_model(m, source)
         self._reset_qpos = self._settled_pose(m)
         return m
+
+    def _load_model(self) -> tuple[mujoco.MjModel, str]:
+        """The compiled model and a name for it in error messages."""
+        path = self.model_path or DEFAULT_MODEL
+        return load_model(path), path
 
     def _settled_pose(self, m: mujoco.MjModel, seconds: float = 1.0) -> np.ndarray:
         """The home pose after the robot has settled on its PD targets (nominal model).
@@ -242,7 +250,7 @@ class Quadruped(MujocoVecEnv):
         """Find everything the task reads in `m`; ValueError naming what is missing."""
         (base,) = require_names(m, "body", [self.base_body], source)
         jids = np.array(require_names(m, "joint", JOINTS, source))
-        feet = np.array(require_names(m, "geom", FEET, source))
+        feet = np.array(require_names(m, "geom", self.foot_geoms, source))
         (home,) = require_names(m, "keyframe", ["home"], source)
         self._home_key = home
         free = [
@@ -383,12 +391,22 @@ class Quadruped(MujocoVecEnv):
         cmd[:, :2] *= (np.linalg.norm(cmd[:, :2], axis=1) >= self.command_zero_below)[:, None]
         self.commands[ids] = cmd
 
+    # ------------------------------------------------------------------ ground
+    def _ground_under(self, xy: np.ndarray) -> np.ndarray | float:
+        """Ground height under the world points `xy` (..., 2): the flat floor here; a
+        task on uneven terrain returns an array of shape xy.shape[:-1]."""
+        return self.floor_height
+
+    def _base_touches_ground(self, base: dict, qpos: np.ndarray) -> np.ndarray:
+        """Per env, whether a collision geom of the base touches the ground."""
+        return self._base_lowest_point(base, qpos) < self.base_contact_margin
+
     # ------------------------------------------------------------------ state
     def _base_state(self):
         qpos, qvel = self.engine.get("qpos"), self.engine.get("qvel")
         rot = quat_to_mat(qpos[:, 3:7])
         return {
-            "height": qpos[:, 2] - self.floor_height,
+            "height": qpos[:, 2] - self._ground_under(qpos[:, 0:2]),
             "rot": rot,
             # the free joint's linear velocity is in the world frame, its angular
             # velocity already in the body frame
@@ -429,8 +447,9 @@ class Quadruped(MujocoVecEnv):
         return (center + off - half).min(axis=1) - self.floor_height
 
     def _foot_contacts(self) -> np.ndarray:
-        z = self.engine.get("geom_xpos")[:, self._feet, 2]
-        return z - self._foot_radius - self.floor_height < self.foot_contact_margin
+        feet = self.engine.get("geom_xpos")[:, self._feet]
+        ground = self._ground_under(feet[..., 0:2])
+        return feet[..., 2] - self._foot_radius - ground < self.foot_contact_margin
 
     # ------------------------------------------------------------------ hooks
     def _task_obs_terms(self):
@@ -516,7 +535,7 @@ class Quadruped(MujocoVecEnv):
         self._last_joint_vel = jvel
         self._prev_applied = actions.copy()
         # terminations: the trunk touches the floor, sinks too low, or tips over
-        base_contact = self._base_lowest_point(base, qpos) < self.base_contact_margin
+        base_contact = self._base_touches_ground(base, qpos)
         low = base["height"] < self.min_base_height
         tilted = base["gravity"][:, 2] > -np.cos(self.max_tilt)
         terminated = base_contact | low | tilted
