@@ -6,7 +6,10 @@
 
 Each takes either an existing `MujocoVecEnv` or a task name plus the arguments of
 `sim.make`. Observations are the `policy` group as float32 numpy arrays.
-`register_gymnasium_envs()` (called on import) registers `sim2real/<task>-v0` ids.
+`register_gymnasium_envs()` (called on import) registers `sim2real/<task>-v0` ids:
+`gymnasium.make(id)` gives one env, `gymnasium.make_vec(id, num_envs=n)` a
+`GymnasiumVectorEnv` over one batched simulator of n copies.
+(rsl_rl's VecEnv interface is in `sim.rsl_rl_env`, which needs the optional rsl-rl-lib.)
 """
 
 from __future__ import annotations
@@ -23,15 +26,21 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from sim.registry import make, task_names
+from sim.registry import make, task_class, task_names
 from sim.vec_env import MujocoVecEnv
 
 __all__ = ["GymnasiumEnv", "GymnasiumVectorEnv", "SB3VecEnv", "register_gymnasium_envs"]
 
+# the simulator's episode limit when an outer TimeLimit ends the episodes instead: an
+# int64 step counter never reaches it
+_NO_LIMIT = 2**62
 
-def _build(
+
+def as_vec_env(
     env: MujocoVecEnv | str, num_envs: int | None, seed: int | None, kwargs: dict
 ) -> MujocoVecEnv:
+    """`env` itself (seed and `sim.make` arguments refused), or `sim.make(env, ...)` for a
+    task name: what every adapter's first argument means."""
     if isinstance(env, MujocoVecEnv):
         if kwargs or seed is not None:
             raise ValueError(
@@ -79,6 +88,10 @@ class GymnasiumEnv(gymnasium.Env):
     episode's true final observation and the caller calls `reset()`, which then hands out
     the already-drawn initial state (so a run here equals the batched run with one env for
     the same seed and actions). `np_random` is the simulator's own generator.
+
+    time_limit: True (default): the simulator truncates episodes at the task's limit (or
+    the `max_episode_steps` given here). False: it never truncates, because an outer
+    `gymnasium.wrappers.TimeLimit` does; `gymnasium.make` adds one from the spec.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
@@ -91,11 +104,20 @@ class GymnasiumEnv(gymnasium.Env):
         render_mode: str | None = None,
         width: int = 480,
         height: int = 360,
+        time_limit: bool = True,
         **kwargs: Any,
     ):
         if "num_envs" in kwargs and kwargs.pop("num_envs") != 1:
             raise ValueError("GymnasiumEnv holds exactly one env (num_envs=1)")
-        self.env = _build(env, None if isinstance(env, MujocoVecEnv) else 1, seed, kwargs)
+        if not time_limit:
+            if isinstance(env, MujocoVecEnv) or "max_episode_steps" in kwargs:
+                raise ValueError(
+                    "time_limit=False leaves the episode length to an outer TimeLimit: pass a "
+                    "task name without max_episode_steps (gymnasium.make(id, "
+                    "max_episode_steps=N) sets it)"
+                )
+            kwargs["max_episode_steps"] = _NO_LIMIT
+        self.env = as_vec_env(env, None if isinstance(env, MujocoVecEnv) else 1, seed, kwargs)
         if self.env.num_envs != 1:
             raise ValueError(
                 f"GymnasiumEnv needs a batched env with num_envs=1, got {self.env.num_envs}; "
@@ -161,11 +183,27 @@ class GymnasiumEnv(gymnasium.Env):
         super().close()
 
 
+class _TimeLimitedGymnasiumEnv(GymnasiumEnv):
+    """`gymnasium.make`'s entry point: a `GymnasiumEnv` whose episodes Gymnasium's
+    TimeLimit ends (the spec's `max_episode_steps`, or make's own argument), so that the
+    one limit a user sets is the one that applies and an episode truncates once."""
+
+    def __init__(self, env: str = "halfcheetah", **kwargs: Any):
+        super().__init__(env, time_limit=False, **kwargs)
+
+
 def register_gymnasium_envs(tasks: Sequence[str] | None = None) -> list[str]:
     """Register `sim2real/<task>-v0` for every (or the given) task; returns the ids.
 
-    Episode length and sim-to-real settings come from the task (pass `max_episode_steps`,
-    `s2r`, ... to `gymnasium.make` to change them); no TimeLimit wrapper is added.
+    - `gymnasium.make(id)`: one env; `spec.max_episode_steps` is the task's limit and
+      Gymnasium's TimeLimit truncates there (`max_episode_steps=N` changes it, `-1` removes
+      it); the simulator's own limit is off on this path, so the two never disagree.
+    - `gymnasium.make_vec(id, num_envs=n)` (default vectorization mode): a
+      `GymnasiumVectorEnv` over ONE batched simulator of n copies, which truncates at
+      `max_episode_steps` itself (no TimeLimit wrappers). `vectorization_mode="sync"`
+      still gives n one-env copies, each with its TimeLimit.
+
+    Sim-to-real settings and the seed pass through as keywords (`s2r=`, `seed=`, ...).
     """
     ids = []
     for task in task_names() if tasks is None else tasks:
@@ -173,7 +211,9 @@ def register_gymnasium_envs(tasks: Sequence[str] | None = None) -> list[str]:
         if env_id not in gymnasium.registry:
             gymnasium.register(
                 id=env_id,
-                entry_point="sim.adapters:GymnasiumEnv",
+                entry_point="sim.adapters:_TimeLimitedGymnasiumEnv",
+                vector_entry_point="sim.adapters:GymnasiumVectorEnv",
+                max_episode_steps=int(task_class(task).max_episode_steps),
                 kwargs={"env": task},
                 nondeterministic=False,
             )
@@ -204,7 +244,7 @@ class GymnasiumVectorEnv(gymnasium.vector.VectorEnv):
         render_mode: str | None = None,
         **kwargs: Any,
     ):
-        self.env = _build(env, num_envs, seed, kwargs)
+        self.env = as_vec_env(env, num_envs, seed, kwargs)
         self.num_envs = self.env.num_envs
         self.single_observation_space, self.single_action_space = _spaces(self.env)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -301,7 +341,7 @@ if _SB3VecEnvBase is not None:
             render_mode: str | None = None,
             **kwargs: Any,
         ):
-            self.env = _build(env, num_envs, seed, kwargs)
+            self.env = as_vec_env(env, num_envs, seed, kwargs)
             self._render_mode = _check_render_mode(render_mode)
             obs_space, act_space = _spaces(self.env)
             super().__init__(self.env.num_envs, obs_space, act_space)

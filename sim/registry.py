@@ -50,6 +50,27 @@ def task_options(name: str) -> set[str]:
     return names - _MAKE_ARGS
 
 
+def sim_to_real_config(task: str, s2r: SimToRealConfig | dict | None = None) -> SimToRealConfig:
+    """The sim-to-real config `make(task, s2r=s2r)` builds the env with: the task's
+    defaults (None), with a dict's fields over them, or a `SimToRealConfig` as it is.
+
+    ValueError naming an unknown field or a bad value, e.g. to check settings before an
+    env is built.
+    """
+    if isinstance(s2r, SimToRealConfig):
+        return s2r
+    base = task_class(task).default_s2r()
+    if s2r is None:
+        return base
+    if not isinstance(s2r, dict):
+        raise ValueError(f"sim-to-real settings must be a mapping of fields, got {s2r!r}")
+    known = base.__dataclass_fields__
+    unknown = set(s2r) - set(known)
+    if unknown:
+        raise ValueError(f"unknown sim-to-real fields {sorted(unknown)}; known: {sorted(known)}")
+    return SimToRealConfig(**{**base.__dict__, **s2r})
+
+
 def make(
     task: str,
     num_envs: int = 1,
@@ -66,13 +87,7 @@ def make(
     """
     cls = task_class(task)
     if isinstance(s2r, dict):
-        base = cls.default_s2r()
-        unknown = set(s2r) - set(base.__dataclass_fields__)
-        if unknown:
-            raise ValueError(
-                f"unknown sim-to-real fields {sorted(unknown)}; known: {sorted(base.__dataclass_fields__)}"
-            )
-        s2r = SimToRealConfig(**{**base.__dict__, **s2r})
+        s2r = sim_to_real_config(task, s2r)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
@@ -95,3 +110,5 @@ register("ant", _lazy("sim.tasks.ant", "Ant"))
 register("humanoid", _lazy("sim.tasks.humanoid", "Humanoid"))
 register("cartpole", _lazy("sim.tasks.cartpole", "CartPole"))
 register("quadruped", _lazy("sim.tasks.quadruped", "Quadruped"))
+register("go1", _lazy("sim.tasks.go1", "Go1"))
+register("go1_rough", _lazy("sim.tasks.go1", "Go1Rough"))

@@ -84,7 +84,7 @@ def test_gymnasium_make_and_step_before_reset():
     assert obs.shape == (17,) and obs.dtype == np.float32
     for _ in range(3):
         obs, r, term, trunc, _ = env.step(env.action_space.sample())
-    assert trunc and not term  # our own time limit (3 steps) was used
+    assert trunc and not term  # make's max_episode_steps (3) was used
     env.close()
     raw = GymnasiumEnv("halfcheetah", seed=0)
     with pytest.raises(RuntimeError, match="reset"):
@@ -100,6 +100,116 @@ def test_gymnasium_env_takes_existing_env_and_refuses_batches():
     assert env.env is base
     with pytest.raises(ValueError, match="num_envs=1"):
         GymnasiumEnv(sim.make("halfcheetah", 2, seed=0))
+
+
+# ---------------------------------------------------------------------- registered ids
+def test_spec_max_episode_steps_is_the_task_limit():
+    from sim.registry import task_class, task_names
+
+    for task in task_names():
+        spec = gymnasium.spec(f"sim2real/{task}-v0")
+        assert spec.max_episode_steps == task_class(task).max_episode_steps
+        assert spec.vector_entry_point == "sim.adapters:GymnasiumVectorEnv"
+
+
+def _steps_to_truncation(env, steps: int, vector: bool = False) -> list[int]:
+    """The 1-based steps at which `env` (zero actions) reported truncated."""
+    env.reset(seed=0)
+    shape = env.action_space.shape
+    found = []
+    for t in range(1, steps + 1):
+        _, _, term, trunc, _ = env.step(np.zeros(shape, np.float32))
+        assert not np.any(term)  # halfcheetah never terminates
+        if vector:
+            if trunc.any():
+                assert trunc.all()
+                found.append(t)
+        elif trunc:
+            found.append(t)
+            env.reset()
+    return found
+
+
+def test_make_truncates_exactly_once_at_the_task_limit():
+    env = gymnasium.make("sim2real/halfcheetah-v0")
+    assert env.spec.max_episode_steps == 1000
+    assert _steps_to_truncation(env, 1010) == [1000]
+    env.close()
+    # make's max_episode_steps is THE limit, above the task's as well as below
+    env = gymnasium.make("sim2real/halfcheetah-v0", max_episode_steps=1004)
+    assert env.spec.max_episode_steps == 1004
+    assert _steps_to_truncation(env, 1010) == [1004]
+    env.close()
+    with pytest.raises(ValueError, match="TimeLimit"):
+        GymnasiumEnv("halfcheetah", time_limit=False, max_episode_steps=3)
+
+
+def test_make_follows_the_batched_env_across_a_truncation():
+    horizon, seed = 4, 2
+    ref = sim.make("halfcheetah", 1, seed=seed, max_episode_steps=horizon)
+    ref_obs = ref.reset()["policy"]
+    env = gymnasium.make("sim2real/halfcheetah-v0", max_episode_steps=horizon)
+    obs, _ = env.reset(seed=seed)
+    acts = _actions(2 * horizon, 1)
+    ends = 0
+    np.testing.assert_array_equal(obs, _np(ref_obs[0]))
+    for t in range(2 * horizon):
+        ref_obs, r_rew, _, r_trunc, r_info = ref.step(acts[t])
+        obs, rew, term, trunc, _ = env.step(acts[t, 0])
+        assert trunc == bool(r_trunc[0]) and not term
+        assert rew == pytest.approx(float(r_rew[0]), rel=1e-6, abs=1e-6)
+        if trunc:
+            ends += 1
+            np.testing.assert_array_equal(obs, _np(r_info["final_obs"]["policy"][0]))
+            obs, _ = env.reset()  # TimeLimit ended it: a real reset, same draws
+        np.testing.assert_array_equal(obs, _np(ref_obs["policy"][0]))
+    assert ends == 2
+
+
+def test_make_vec_is_one_batched_env_with_the_adapters_trajectory():
+    from sim.vec_env import MujocoVecEnv
+
+    n, seed = 3, 4
+    venv = gymnasium.make_vec("sim2real/cartpole-v0", num_envs=n, seed=seed)
+    assert type(venv) is GymnasiumVectorEnv
+    assert isinstance(venv.env, MujocoVecEnv) and venv.env.num_envs == n
+    assert venv.spec.max_episode_steps == venv.env.max_episode_steps == 1000
+    assert venv.spec.kwargs["vectorization_mode"] == "vector_entry_point"
+    ref = GymnasiumVectorEnv("cartpole", n, seed=seed)
+    obs, _ = venv.reset()
+    r_obs, _ = ref.reset()
+    np.testing.assert_array_equal(obs, r_obs)
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(60):
+        a = rng.uniform(-3, 3, size=(n, 1)).astype(np.float32)
+        obs, rew, term, trunc, info = venv.step(a)
+        r_obs, r_rew, r_term, r_trunc, r_info = ref.step(a)
+        np.testing.assert_array_equal(obs, r_obs)
+        np.testing.assert_array_equal(rew, r_rew)
+        np.testing.assert_array_equal(term, r_term)
+        np.testing.assert_array_equal(trunc, r_trunc)
+        if "final_obs" in info:
+            ended += int(info["_final_obs"].sum())
+            for i in np.nonzero(info["_final_obs"])[0]:
+                np.testing.assert_array_equal(info["final_obs"][i], r_info["final_obs"][i])
+    assert ended > 0  # random pushes drop the pole: autoreset was exercised
+    venv.close()
+
+
+def test_make_vec_truncates_once_at_the_limit():
+    venv = gymnasium.make_vec("sim2real/halfcheetah-v0", num_envs=2)
+    assert _steps_to_truncation(venv, 1010, vector=True) == [1000]
+    short = gymnasium.make_vec("sim2real/halfcheetah-v0", num_envs=2, max_episode_steps=5)
+    assert short.env.max_episode_steps == 5
+    assert _steps_to_truncation(short, 12, vector=True) == [5, 10]  # same-step autoreset
+    # the sync mode still builds one-env copies, each with its one TimeLimit
+    sync = gymnasium.make_vec(
+        "sim2real/halfcheetah-v0", num_envs=2, vectorization_mode="sync", max_episode_steps=5
+    )
+    assert isinstance(sync, gymnasium.vector.SyncVectorEnv)
+    # SyncVectorEnv autoresets on the next step, so the second episode ends at step 11
+    assert _steps_to_truncation(sync, 12, vector=True) == [5, 11]
 
 
 # ---------------------------------------------------------------------- GymnasiumVectorEnv
