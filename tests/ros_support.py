@@ -1,8 +1,9 @@
 """Test helpers of the ROS package's tests and of benchmarks/ros_loop.py.
 
 They live here, not in ``sim2real_ros``, because they need torch and ``sim``, which the
-package's nodes must never reach. tests/ is on ``sys.path`` under pytest (rootdir
-import mode); benchmarks/ros_loop.py puts it there itself.
+package's nodes must never reach. The package's tests (ros_ws/src/sim2real_ros/test) get
+tests/ on ``sys.path`` from their conftest.py, under ``colcon test`` and the repository's
+pytest alike; benchmarks/ros_loop.py puts it there itself.
 """
 
 from __future__ import annotations

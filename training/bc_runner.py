@@ -87,7 +87,7 @@ class BCRunner:
         self.arch = architecture(cfg, self.env, family)
         prepare_run_dir(self.run_dir, resume)  # one run per directory
         self.logger = RunLogger(
-            self.run_dir, tensorboard=cfg.run.tensorboard, progress=cfg.run.progress
+            self.run_dir, tensorboard=cfg.run.tensorboard, progress=cfg.run.progress, config=cfg
         )
         if resume is not None:
             self._load(resume)

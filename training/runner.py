@@ -123,6 +123,7 @@ class OnPolicyRunner:
             enabled=self.is_main,
             tensorboard=cfg.run.tensorboard,
             progress=cfg.run.progress,
+            config=cfg,
         )
         if resume is not None:
             self._load(resume)

@@ -24,7 +24,19 @@ def load_gym_model(xml_name: str) -> mujoco.MjModel:
     path = os.path.join(GYM_ASSETS, xml_name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"Gymnasium MJCF {path} not found; is gymnasium[mujoco] installed?")
-    return mujoco.MjModel.from_xml_path(path)
+    spec = mujoco.MjSpec.from_file(path)
+    total_mass = spec.compiler.settotalmass
+    if total_mass <= 0:
+        return spec.compile()
+    # half_cheetah.xml sets the compiler's settotalmass, which MuJoCo deprecated: compiling
+    # it warns on stderr and writes MUJOCO_LOG.TXT into the cwd. The replacement MuJoCo
+    # names gives a model equal to the old one field for field (checked: every array of
+    # MjModel identical), so the parity with gymnasium.make holds.
+    spec.compiler.settotalmass = -1.0
+    model = spec.compile()
+    mujoco.mj_setTotalmass(model, total_mass)
+    mujoco.mj_setConst(model, mujoco.MjData(model))
+    return model
 
 
 def torque_robot(model: mujoco.MjModel, control_dt: float) -> RobotDescription:

@@ -17,6 +17,11 @@ setup(
         (f"share/{PACKAGE}/config", glob("config/*.yaml")),
     ],
     install_requires=["setuptools"],
+    # `colcon test` runs pytest on test/ when the package declares it as its test
+    # dependency (colcon reads both spellings: tests_require, and extras_require["test"]
+    # that newer setuptools and `ros2 pkg create` use)
+    tests_require=["pytest"],
+    extras_require={"test": ["pytest"]},
     zip_safe=True,
     maintainer="sim2real",
     maintainer_email="sim2real@example.com",

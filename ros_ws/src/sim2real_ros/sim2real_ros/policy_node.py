@@ -27,9 +27,21 @@ Topics (names are parameters, relative to the node's namespace):
                                    order (ros2_control's forward command
                                    controller)
 ``joint_trajectory`` (optional)    ``trajectory_msgs/JointTrajectory``          out
+``pd_gains``                       ``std_msgs/Float64MultiArray``, latched      out
+                                   (transient local): the PD gains the
+                                   joints' controllers must run, ``kp`` of
+                                   every joint then ``kd`` (2 x joints), in
+                                   the command's joint order; sent at
+                                   activation, before the first command
 ``diagnostics``                    ``diagnostic_msgs/DiagnosticArray``: loop    out
                                    rate, jitter, latency, safety counters
 =================================  ==========================================  ===========
+
+PD gains: the policy was trained through PD controllers with the gains of its metadata,
+and the robot's joint controllers (not this node) close that loop, so they must run those
+gains. Configure logs them per joint; the ``kp``/``kd`` parameters (unset: the trained
+gains) override what is published, with a warning that names every joint whose gain
+differs from the trained one.
 
 The loop runs on a timer at the policy's control rate (``control_rate_hz`` overrides
 it), or, with ``trigger: joint_states``, on every fresh JointState (the robot's state
@@ -54,13 +66,15 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from geometry_msgs.msg import Twist
+from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
+from sim2real_ros.gains import GainsError, PDGains, resolve_gains
 from sim2real_ros.node_runtime import set_realtime, spin
 
 NODE_NAME = "sim2real_policy"
@@ -73,6 +87,14 @@ SENSOR_QOS = QoSProfile(
 COMMAND_QOS = QoSProfile(
     depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST
 )
+# The gains: sent once per activation and latched, so that a driver started later (or
+# restarted) still gets them; its subscription must be transient local too.
+GAINS_QOS = QoSProfile(
+    depth=1,
+    reliability=ReliabilityPolicy.RELIABLE,
+    history=HistoryPolicy.KEEP_LAST,
+    durability=DurabilityPolicy.TRANSIENT_LOCAL,
+)
 
 PARAMETERS: dict[str, Any] = {
     "policy_path": "",
@@ -82,6 +104,9 @@ PARAMETERS: dict[str, Any] = {
     "command_topic": "forward_position_controller/commands",
     "publish_trajectory": False,
     "trajectory_topic": "joint_trajectory",
+    "gains_topic": "pd_gains",
+    "kp": None,
+    "kd": None,
     "diagnostics_topic": "diagnostics",
     "diagnostics_period_s": 1.0,
     "control_rate_hz": 0.0,
@@ -97,7 +122,8 @@ PARAMETERS: dict[str, Any] = {
     "rt_priority": 0,
     "timing_log": "",
 }
-"""Parameter names and defaults (``config/policy.yaml`` documents each)."""
+"""Parameter names and defaults (``config/policy.yaml`` documents each). None: unset
+unless the user sets it (``kp``/``kd``: then the policy's own values)."""
 
 AUTOSTART = ("none", "configure", "activate")
 TRIGGERS = ("timer", "joint_states")
@@ -114,7 +140,12 @@ class PolicyNode(LifecycleNode):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(NODE_NAME, **kwargs)
         for name, default in PARAMETERS.items():
-            self.declare_parameter(name, default)
+            if default is None:
+                # no default value to take a type from; any number list is accepted (a
+                # YAML [20, 20, ...] is an integer array) and checked at configure
+                self.declare_parameter(name, None, ParameterDescriptor(dynamic_typing=True))
+            else:
+                self.declare_parameter(name, default)
         self.controller: PolicyController | None = None
         self.stats: LoopStats | None = None
         self._js: JointState | None = None
@@ -188,6 +219,14 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         c = self.controller
         meta = c.metadata
+        try:
+            gains = resolve_gains(
+                c.joint_names, meta.kp, meta.kd, self._param("kp"), self._param("kd")
+            )
+        except GainsError as exc:
+            log.error(f"configure failed: {exc}")
+            self.controller = None
+            return TransitionCallbackReturn.FAILURE
         if rate > 0 and not math.isclose(1.0 / rate, meta.control_period_s, rel_tol=1e-6):
             log.warning(
                 f"control_rate_hz={rate:g} overrides the policy's trained rate "
@@ -208,6 +247,15 @@ class PolicyNode(LifecycleNode):
         self._cmd_pub = self.create_publisher(
             Float64MultiArray, self._param("command_topic"), COMMAND_QOS
         )
+        self._gains_msg = Float64MultiArray()
+        self._gains_msg.layout.dim = [
+            MultiArrayDimension(label="kp_kd", size=2, stride=2 * c.num_joints),
+            MultiArrayDimension(label="joints", size=c.num_joints, stride=c.num_joints),
+        ]
+        self._gains_msg.data = array.array("d", gains.as_array().tobytes())
+        self._gains_pub = self.create_publisher(
+            Float64MultiArray, self._param("gains_topic"), GAINS_QOS
+        )
         self._traj_pub = None
         if self._param("publish_trajectory"):
             self._traj_msg = JointTrajectory(joint_names=list(c.joint_names))
@@ -224,6 +272,7 @@ class PolicyNode(LifecycleNode):
         on_js = self._on_joint_state_trigger if trigger == "joint_states" else self._on_joint_state
         self._io_entities = [
             self._cmd_pub,
+            self._gains_pub,
             self._diag_pub,
             self.create_subscription(
                 JointState, self._param("joint_states_topic"), on_js, SENSOR_QOS
@@ -262,7 +311,24 @@ class PolicyNode(LifecycleNode):
             f"{1.0 / c.control_period_s:g} Hz ({trigger}), watchdog "
             f"{c.safety.config.watchdog_timeout_s * 1e3:.0f} ms"
         )
+        self._log_gains(gains)
         return TransitionCallbackReturn.SUCCESS
+
+    def _log_gains(self, gains: PDGains) -> None:
+        log = self.get_logger()
+        overrides = gains.overrides()
+        source = "overridden by the kp/kd parameters" if any(overrides.values()) else "trained"
+        log.info(
+            f"joints in command order, with the PD gains their controllers must run ({source}; "
+            f"sent latched on {self._gains_pub.topic_name} at activation):\n{gains.table()}"
+        )
+        for name, joints in overrides.items():
+            if joints:
+                log.warning(
+                    f"{name} differs from the gains the policy was trained with: "
+                    + ", ".join(f"{j} {v:g} (trained {t:g})" for j, v, t in joints)
+                    + "; the policy's actions assume the trained gains"
+                )
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         c = self.controller
@@ -280,6 +346,7 @@ class PolicyNode(LifecycleNode):
         if not c.active:  # the safety layer refused the time (the clock went back)
             self.get_logger().error("activate refused: the clock went back since the last step")
             return TransitionCallbackReturn.FAILURE
+        self._gains_pub.publish(self._gains_msg)  # before the first command
         self._started = True
         self.get_logger().info(f"activated: ramp-in {c.safety.config.ramp_in_s:g} s")
         return TransitionCallbackReturn.SUCCESS

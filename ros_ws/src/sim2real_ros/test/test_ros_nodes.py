@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ros_support import export_test_policy
+from sim2real_ros import ros_env
 
-ROOT = Path(__file__).resolve().parent.parent
-PKG = ROOT / "ros_ws" / "src" / "sim2real_ros"
-sys.path.insert(0, str(PKG))
+from deploy.metadata import read_metadata
 
-from ros_support import export_test_policy  # noqa: E402
-from sim2real_ros import ros_env  # noqa: E402
+PKG = Path(__file__).resolve().parent.parent  # ros_ws/src/sim2real_ros (conftest: on sys.path)
+ROOT = PKG.parents[2]  # the repository
 
 OK, WHY = ros_env.ros_available()
 pytestmark = pytest.mark.skipif(not OK, reason=WHY)
@@ -41,6 +41,7 @@ pytestmark = pytest.mark.skipif(not OK, reason=WHY)
 TRAINED_POLICY = Path(
     os.environ.get("SIM2REAL_ROS_TEST_POLICY", ROOT / "tests" / "data" / "quadruped_policy.onnx")
 )
+GO1_POLICY = ROOT / "tests" / "data" / "go1_policy.onnx"
 POLICY_YAML = PKG / "config" / "policy.yaml"
 SIM_YAML = PKG / "config" / "sim.yaml"
 JOINTS = [
@@ -58,7 +59,12 @@ class Harness:
         from diagnostic_msgs.msg import DiagnosticArray
         from geometry_msgs.msg import PoseStamped, Twist, TwistStamped
         from rclpy.executors import SingleThreadedExecutor
-        from rclpy.qos import qos_profile_sensor_data
+        from rclpy.qos import (
+            DurabilityPolicy,
+            QoSProfile,
+            ReliabilityPolicy,
+            qos_profile_sensor_data,
+        )
         from sensor_msgs.msg import Imu, JointState
         from std_msgs.msg import Float64MultiArray
         from trajectory_msgs.msg import JointTrajectory
@@ -86,6 +92,15 @@ class Harness:
             JointTrajectory, "joint_trajectory", lambda m: self.trajectories.append(m), 100
         )
         n.create_subscription(TwistStamped, "ground_truth/twist", self._on_twist, 100)
+        # the PD gains: latched, so a subscriber must ask for transient local to get them
+        self.gains_qos = QoSProfile(
+            depth=1,
+            reliability=ReliabilityPolicy.RELIABLE,
+            durability=DurabilityPolicy.TRANSIENT_LOCAL,
+        )
+        self.gains: list = []
+        n.create_subscription(Float64MultiArray, "pd_gains", self.gains.append, self.gains_qos)
+        self.Float64MultiArray = Float64MultiArray
         n.create_subscription(PoseStamped, "ground_truth/pose", self._on_pose, 100)
         self.lifecycle = ros_env.LifecycleClient(n, self.executor, f"{namespace}/{POLICY_NODE}")
         self._sensor_qos = qos_profile_sensor_data
@@ -179,6 +194,7 @@ def ros_setup(tmp_path, request, monkeypatch):
         log = tmp_path / f"{module.split('.')[-1]}_{len(procs)}.log"
         logs.append(log)
         proc = ros_env.spawn_node(module, domain_id=domain, namespace=ns, log_path=log, **kwargs)
+        proc.log_path = log  # what the node logged, for tests that check it
         procs.append(proc)
         return proc
 
@@ -317,11 +333,15 @@ def test_activation_refused_without_sensors_and_configure_fails_on_unusable_poli
     assert h.lifecycle.wait_for_state("inactive", timeout=30.0)
     assert not h.lifecycle.transition("activate")  # no sensor data: refused
     h.spin_for(0.3)
-    assert h.commands == []  # configured, never activated: nothing sent
+    assert h.commands == [] and h.gains == []  # configured, never activated: nothing sent
     h.spin_for(0.3, sensors_hz=100)
     assert h.lifecycle.transition("activate")
     assert _wait_commands(h, 10, 5.0, sensors_hz=100)
     np.testing.assert_allclose(h.commands[-1][1], DEFAULT)  # a standing policy
+    # the trained gains (nothing overrides them), kp then kd, in the command's joint order
+    meta = read_metadata(test_policies["stand"])
+    assert h.gains, "no PD gains from the policy node"
+    np.testing.assert_array_equal(h.gains[-1].data, meta.kp + meta.kd)
     # the optional JointTrajectory carries the same targets, with the joint names
     h.spin_for(0.2, sensors_hz=100)
     assert h.trajectories
@@ -334,6 +354,52 @@ def test_activation_refused_without_sensors_and_configure_fails_on_unusable_poli
     d = h.diagnostics[POLICY_NODE]
     assert {"rate_hz", "latency_p50_ms", "latency_p99_ms", "jitter_p99_ms"} <= set(d)
     assert 0.0 < float(d["latency_p50_ms"]) < 100.0  # JointState stamp -> command sent
+
+
+def test_gains_logged_at_configure_overrides_warned_and_sent_latched_at_activation(
+    ros_setup, test_policies
+):
+    _, _, h, spawn = ros_setup
+    meta = read_metadata(test_policies["stand"])
+    kp = list(meta.kp)
+    kp[1], kp[11] = kp[1] + 5.0, kp[11] - 5.0  # FL_thigh_joint, RR_calf_joint
+    node = spawn(
+        "sim2real_ros.policy_node",
+        params_files=[POLICY_YAML],
+        params=_policy_params(test_policies["stand"], autostart="configure", kp=kp),
+    )
+    assert h.lifecycle.wait_for_state("inactive", timeout=30.0)
+    log = node.log_path.read_text()
+    # the joint names in the commands' order, each with the gains to set on the robot
+    table = log[log.index("joints in command order") :].splitlines()[1:13]
+    assert [line.split()[1] for line in table] == JOINTS, table
+    for line, joint_kp, joint_kd in zip(table, kp, meta.kd):
+        assert f"kp {joint_kp:g}" in line and f"kd {joint_kd:g}" in line, line
+    assert "overridden by the kp/kd parameters" in log
+    # the override, joint by joint with both values; kd is the trained one: no warning
+    warning = next(line for line in log.splitlines() if "differs from the gains" in line)
+    assert warning.startswith("[WARN]"), warning
+    assert (
+        f"kp differs from the gains the policy was trained with: FL_thigh_joint {kp[1]:g} "
+        f"(trained {meta.kp[1]:g}), RR_calf_joint {kp[11]:g} (trained {meta.kp[11]:g})"
+    ) in warning, warning
+    assert "kd differs" not in log
+
+    h.spin_for(0.3, sensors_hz=100)
+    assert h.gains == []  # configured: nothing sent yet
+    assert h.lifecycle.transition("activate")
+    assert h.spin_for(5.0, sensors_hz=100, until=lambda: bool(h.gains))
+    msg = h.gains[-1]
+    np.testing.assert_array_equal(msg.data, kp + meta.kd)  # what the parameters say
+    assert [(d.label, d.size, d.stride) for d in msg.layout.dim] == [
+        ("kp_kd", 2, 24),
+        ("joints", 12, 12),
+    ]
+    # latched: a driver that subscribes later still gets them
+    late: list = []
+    h.node.create_subscription(h.Float64MultiArray, "pd_gains", late.append, h.gains_qos)
+    assert h.spin_for(5.0, until=lambda: bool(late)), "the gains are not latched"
+    np.testing.assert_array_equal(late[0].data, kp + meta.kd)
 
 
 # ---------------------------------------------------------------------- with the simulated robot
@@ -367,36 +433,45 @@ def test_simulated_robot_stands_with_a_standing_policy(ros_setup, test_policies)
     assert np.isfinite(cmds).all() and np.allclose(cmds[-1], DEFAULT)
 
 
-@pytest.mark.skipif(
-    not TRAINED_POLICY.exists(),
-    reason=f"needs the trained quadruped policy {TRAINED_POLICY} (made as "
-    "tests/data/README.md says; SIM2REAL_ROS_TEST_POLICY=path overrides)",
-)
-def test_closed_loop_walk_follows_forward_command(ros_setup):
+# the trained walking policies the closed loop runs: (task, file, lowest base height
+# of a robot still on its feet; the Go1 stands 0.25 m high, the quadruped 0.3 m)
+WALKERS = {
+    "quadruped": (TRAINED_POLICY, 0.2),
+    "go1": (GO1_POLICY, 0.15),
+}
+
+
+@pytest.mark.parametrize("task", sorted(WALKERS))
+def test_closed_loop_walk_follows_forward_command(ros_setup, task):
+    path, min_height = WALKERS[task]
+    if not path.exists():
+        pytest.skip(f"needs the trained {task} policy {path} (made as tests/data/README.md says)")
     _, _, h, spawn = ros_setup
     cmd = (0.5, 0.0, 0.0)
     spawn(
         "sim2real_ros.sim_robot_node",
         params_files=[SIM_YAML],
-        params={"joint_state_order": JOINTS[::-1]},  # joints by name over the wire too
+        # joints by name over the wire too
+        params={"task": task, "joint_state_order": JOINTS[::-1]},
     )
     spawn(
         "sim2real_ros.policy_node",
         params_files=[POLICY_YAML],
-        params=_policy_params(TRAINED_POLICY, autostart="activate"),
+        params=_policy_params(path, autostart="activate"),
     )
     assert h.spin_for(60.0, until=lambda: len(h.commands) >= 10, cmd=cmd), "loop did not start"
     t0 = time.monotonic()
     h.spin_for(20.0, cmd=cmd)
     poses = np.array([p for t, p in h.poses if t > t0])
-    assert poses[:, 2].min() > 0.2, "the robot fell"
+    assert poses[:, 2].min() > min_height, "the robot fell"
     sim = h.diagnostics["sim_robot"]
     # the comparison with sim2sim holds only if the simulated robot kept real time
     assert float(sim["real_time_factor"]) > 0.9 and int(sim["overruns"]) < 5, sim
     ros_err, v = _tracking(h, t0 + 5.0, cmd)  # steady state: after ramp-in and speed-up
-    sim_err = _sim2sim_tracking(TRAINED_POLICY, cmd, skip_s=5.0, seconds=20.0)
+    sim_err = _sim2sim_tracking(path, cmd, skip_s=5.0, seconds=20.0, task=task)
     print(
-        f"tracking error over ROS {ros_err:.3f} m/s, sim2sim {sim_err:.3f} m/s, mean vx {v[:, 0].mean():.3f}"
+        f"{task}: tracking error over ROS {ros_err:.3f} m/s, sim2sim {sim_err:.3f} m/s, "
+        f"mean vx {v[:, 0].mean():.3f}"
     )
     assert v[:, 0].mean() > 0.5 * cmd[0]
     assert ros_err <= sim_err + 0.1, (ros_err, sim_err)
@@ -452,7 +527,7 @@ def test_simulated_robot_randomization_and_latency(monkeypatch):
         ctx.try_shutdown()
 
 
-def _sim2sim_tracking(path, cmd, skip_s, seconds, num_envs=4):
+def _sim2sim_tracking(path, cmd, skip_s, seconds, num_envs=4, task="quadruped"):
     """Mean |cmd - v_xy| of the policy in the simulator, through deploy's sim2sim actor."""
     import torch
 
@@ -462,7 +537,7 @@ def _sim2sim_tracking(path, cmd, skip_s, seconds, num_envs=4):
     from sim.registry import make
 
     policy = OnnxPolicy(path, deterministic=True)
-    env = make("quadruped", num_envs, seed=0, s2r=SimToRealConfig(), fixed_command=cmd)
+    env = make(task, num_envs, seed=0, s2r=SimToRealConfig(), fixed_command=cmd)
     try:
         # the robot's safety settings (ramp-in, rate limit), as the node runs them
         actor = Sim2SimActor(policy, num_envs, env.dt, strict_safety=True)

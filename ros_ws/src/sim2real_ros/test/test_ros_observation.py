@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import array
 import math
-import sys
-from pathlib import Path
 from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ros_ws" / "src" / "sim2real_ros"))
-
-from ros_support import export_test_policy  # noqa: E402
-from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController  # noqa: E402
-from sim2real_ros.observation import (  # noqa: E402
+from ros_support import export_test_policy
+from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
+from sim2real_ros.observation import (
     KNOWN_TERMS,
     ObservationAssembler,
     ObservationError,
