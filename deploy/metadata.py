@@ -23,6 +23,16 @@ Graph contract that goes with the metadata (checked by :mod:`deploy.runtime`):
 - output ``actions``: float32 ``[batch, num_joints]``, the raw network action; the joint
   target is ``action_offset + action_scale * actions``.
 
+Training-side fields (optional: files written before them load with "not recorded"):
+``task_args``, the task constructor's options the policy trained with (e.g. narrowed
+command ranges), ``sim_to_real``, the task's sim-to-real settings as the training run
+configured them (``sim.randomization.SimToRealConfig`` as JSON: the task's defaults with
+the run's ``env.s2r`` over them), and ``trained_randomized``, whether training used those
+settings (``env.randomize``). The robot side needs none of them; sim2sim evaluation
+builds its env from them. They were added without a version bump because they are
+optional and a reader of version 1 ignores keys it does not know, so new files still
+load on robots with an older reader.
+
 Reading needs only the standard library and onnxruntime (a robot computer has neither
 torch nor necessarily onnx); :func:`write_metadata` uses the ``onnx`` package, which is
 imported lazily because only the export side calls it.
@@ -48,16 +58,21 @@ KEY_PREFIX = "sim2real."
 POLICY_FAMILIES = ("gaussian_mlp", "recurrent", "diffusion", "flow", "world_model")
 """Allowed values of :attr:`PolicyMetadata.policy_family`."""
 
+OPTIONAL_FIELDS = ("task_args", "sim_to_real", "trained_randomized")
+"""Fields a file may lack (written before they existed): they read as their defaults."""
+
 RESERVED_IO_NAMES = ("obs", "noise", "actions")
 """Graph input/output names with a fixed meaning; recurrent states may not use them."""
 
 __all__ = [
     "FORMAT_VERSION",
     "KEY_PREFIX",
+    "OPTIONAL_FIELDS",
     "POLICY_FAMILIES",
     "MetadataError",
     "PolicyLoadError",
     "PolicyMetadata",
+    "check_file_complete",
     "from_props",
     "read_metadata",
     "to_props",
@@ -119,6 +134,10 @@ class PolicyMetadata:
     config_hash: str = ""
     opset: int = 17
     extra: dict[str, str] = field(default_factory=dict)
+    # the training run's env, for sim2sim evaluation (see the module doc); optional
+    task_args: dict[str, Any] = field(default_factory=dict)
+    sim_to_real: dict[str, Any] | None = None
+    trained_randomized: bool | None = None
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -163,6 +182,9 @@ class PolicyMetadata:
             "config_hash": _as_str,
             "opset": _as_int,
             "extra": _as_str_dict,
+            "task_args": _as_json_object,
+            "sim_to_real": lambda v: None if v is None else _as_json_object(v),
+            "trained_randomized": lambda v: None if v is None else _as_bool(v),
         }
         for name in _PER_JOINT_FIELDS:
             converters[name] = lambda v: [_as_float(x) for x in _as_list(v)]
@@ -249,7 +271,8 @@ def from_props(props: Mapping[str, str]) -> PolicyMetadata:
     """Parse and validate metadata from ONNX ``metadata_props``.
 
     Keys without the ``"sim2real."`` prefix (e.g. a producer's own) are ignored, as are
-    unknown ``sim2real.*`` keys. Raises :class:`MetadataError` naming every missing key,
+    unknown ``sim2real.*`` keys; a missing key of :data:`OPTIONAL_FIELDS` reads as the
+    field's default. Raises :class:`MetadataError` naming every missing required key,
     a format version other than :data:`FORMAT_VERSION`, undecodable JSON, or an
     inconsistent field.
     """
@@ -266,10 +289,15 @@ def from_props(props: Mapping[str, str]) -> PolicyMetadata:
                 "re-export the policy)"
             )
     names = [f.name for f in fields(PolicyMetadata)]
-    missing = [_key(name) for name in names if _key(name) not in props]
+    missing = [
+        _key(name) for name in names if _key(name) not in props and name not in OPTIONAL_FIELDS
+    ]
     if missing:
-        raise MetadataError(f"policy metadata is missing key(s): {', '.join(missing)}")
-    values = {name: _decode(_key(name), props[_key(name)]) for name in names}
+        # a file cut between two metadata entries still loads, with only the first ones
+        partial = any(k.startswith(KEY_PREFIX) for k in props)
+        hint = " (a truncated copy of the file?)" if partial else ""
+        raise MetadataError(f"policy metadata is missing key(s){hint}: {', '.join(missing)}")
+    values = {name: _decode(_key(name), props[_key(name)]) for name in names if _key(name) in props}
     return PolicyMetadata(**values)
 
 
@@ -306,16 +334,78 @@ def read_metadata(path: str | os.PathLike[str]) -> PolicyMetadata:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(2, "policy file not found", path)
+    check_file_complete(path)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise PolicyLoadError(f"cannot load policy file {path!r}: {exc}") from exc
+        raise PolicyLoadError(
+            f"cannot load policy file {path!r} (truncated or corrupted?): {exc}"
+        ) from exc
     return from_props(session.get_modelmeta().custom_metadata_map)
 
 
+def check_file_complete(path: str) -> None:
+    """PolicyLoadError naming the path if the file ends inside one of its protobuf fields."""
+    end = _protobuf_end(path)
+    if end is not None:
+        raise PolicyLoadError(
+            f"cannot load policy file {path!r} (truncated or corrupted?): it ends at byte "
+            f"{os.path.getsize(path)} inside a field that needs {end} bytes"
+        )
+
+
 # ---------------------------------------------------------------------- helpers
+def _protobuf_end(path: str) -> int | None:
+    """None if the file's top-level protobuf fields all end within the file, else the
+    size the file would need.
+
+    onnxruntime accepts a ModelProto cut between two metadata entries (they come after
+    the graph), and the robot would then see "missing keys" where the truth is a
+    truncated copy; walking the top-level fields finds the cut without the onnx package.
+    Bytes that are not protobuf at all are left to onnxruntime to refuse.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, size = 0, len(data)
+
+    def varint() -> int | None:
+        nonlocal pos
+        value = shift = 0
+        while pos < size and shift < 64:
+            byte = data[pos]
+            pos += 1
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+        return None
+
+    while pos < size:
+        tag = varint()
+        if tag is None:
+            return None
+        wire = tag & 7
+        if wire == 0:
+            if varint() is None:
+                return None
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length = varint()
+            if length is None:
+                return None
+            pos += length
+        elif wire == 5:
+            pos += 4
+        else:  # groups or garbage: not a ModelProto we wrote
+            return None
+        if pos > size:
+            return pos
+    return None
+
+
 def _key(name: str) -> str:
     return KEY_PREFIX + name
 
@@ -365,6 +455,24 @@ def _as_float(value: Any) -> float:
     if isinstance(value, (bool, str, bytes)):
         raise TypeError(f"expected a number, got {value!r}")
     return float(value)
+
+
+def _as_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _as_json_object(value: Any) -> dict[str, Any]:
+    """A mapping with string keys, as plain JSON values (tuples become lists)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a mapping, got {type(value).__name__}")
+    for key in value:
+        _as_str(key)
+    try:
+        return json.loads(json.dumps(dict(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not plain JSON: {exc}") from None
 
 
 def _as_str(value: Any) -> str:

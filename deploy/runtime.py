@@ -21,7 +21,13 @@ import numpy as np
 import onnxruntime as ort
 
 from deploy.arrays import ActionMap, all_finite
-from deploy.metadata import MetadataError, PolicyLoadError, PolicyMetadata, from_props
+from deploy.metadata import (
+    MetadataError,
+    PolicyLoadError,
+    PolicyMetadata,
+    check_file_complete,
+    from_props,
+)
 
 __all__ = ["MetadataError", "OnnxPolicy", "PolicyLoadError"]
 
@@ -60,6 +66,7 @@ class OnnxPolicy:
         self.path = os.fspath(path)
         if not os.path.isfile(self.path):
             raise FileNotFoundError(2, "policy file not found", self.path)
+        check_file_complete(self.path)
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(intra_op_threads)
         options.inter_op_num_threads = 1

@@ -14,6 +14,12 @@ itself. The safety layer works on targets; the simulator, like the training loop
 the raw action (the quadruped maps it to PD targets itself), so the filtered target is
 turned back into a raw action before the step.
 
+The env is the one the policy trained in, as its metadata records it
+(:func:`env_settings`): the task's options (e.g. narrowed command ranges) always, and its
+sim-to-real settings (randomization, noise, latency, pushes) when asked to randomize;
+otherwise the nominal model. Overrides go over the recorded values; a file from before
+they were recorded runs with the task's defaults.
+
 Before anything runs, the file is checked against the task (:func:`make_env_for`):
 observation layout, action size, joint order, control period, and the robot description
 the metadata was made of (action scale and offset, default joint positions, PD gains,
@@ -31,6 +37,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +49,15 @@ from deploy.runtime import OnnxPolicy
 from deploy.safety import COUNTER_NAMES, SafetyConfig, SafetyLayer
 from sim.evaluation import evaluate
 
-__all__ = ["Sim2SimActor", "Sim2SimError", "Sim2SimLoadError", "evaluate_onnx", "make_env_for"]
+__all__ = [
+    "EnvSettings",
+    "Sim2SimActor",
+    "Sim2SimError",
+    "Sim2SimLoadError",
+    "env_settings",
+    "evaluate_onnx",
+    "make_env_for",
+]
 
 
 class Sim2SimError(ValueError):
@@ -138,31 +154,98 @@ def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def make_env_for(meta: PolicyMetadata, task: str | None, num_envs: int, seed: int, randomize: bool):
-    """The simulator the policy runs in, checked against the file's metadata.
+# the simulator's own settings, which the metadata and the caller's num_envs fix
+_NOT_TASK_OPTIONS = frozenset({"num_threads", "max_episode_steps", "dtype", "nan_action"})
 
-    Raises :class:`Sim2SimError` when the task's observation layout, action size, joint
-    order, control period or robot description (action scale and offset, default joint
-    positions, PD gains) differ from the file's.
+
+@dataclass(frozen=True)
+class EnvSettings:
+    """What a policy file runs in: the task, its options and its sim-to-real settings."""
+
+    task: str
+    task_args: dict[str, Any]
+    """The task constructor's options: the file's ``task_args`` with overrides over them."""
+    sim_to_real: Any
+    """The ``sim.randomization.SimToRealConfig`` of the env."""
+    randomize: bool
+    """Whether ``sim_to_real`` is the recorded randomization (else the nominal model)."""
+    max_episode_steps: int | None
+
+
+def env_settings(
+    meta: PolicyMetadata,
+    task: str | None = None,
+    randomize: bool = False,
+    task_args: Mapping[str, Any] | None = None,
+    s2r: Mapping[str, Any] | None = None,
+) -> EnvSettings:
+    """The env a policy file runs in, from its metadata, with overrides over it.
+
+    ``task_args`` go over the file's task options (a file of another task than ``task``
+    contributes none). ``randomize``: the file's sim-to-real settings (the task's
+    defaults for a file that does not record them) with ``s2r`` over them; otherwise the
+    nominal model, and ``s2r`` is an error. The observation history is always the file's.
+    Raises :class:`Sim2SimError` naming an unknown option or field, or a bad value.
     """
     from sim.randomization import SimToRealConfig
-    from sim.registry import make
+    from sim.registry import sim_to_real_config, task_options
 
     task = task or meta.task
     if not task:
         raise Sim2SimError("the policy's metadata names no task; pass --task")
-    kwargs: dict[str, Any] = {}
+    own = task == meta.task  # the recorded settings are those of the policy's own task
+    for name, given in (("task options", task_args), ("sim-to-real settings", s2r)):
+        if given is not None and not isinstance(given, Mapping):
+            raise Sim2SimError(f"{name} must be a mapping, got {given!r}")
+    options = {**(meta.task_args if own else {}), **(task_args or {})}
+    known = task_options(task) - _NOT_TASK_OPTIONS
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise Sim2SimError(f"task {task!r} has no option(s) {unknown}; known: {sorted(known)}")
+    if s2r and not randomize:
+        raise Sim2SimError(
+            f"sim-to-real settings {sorted(s2r)} change the randomization, which is off; "
+            "turn it on (--randomize) to evaluate with them"
+        )
+    history = meta.obs_history_length
+    if randomize:
+        recorded = meta.sim_to_real if own and meta.sim_to_real is not None else {}
+        if "obs_history" in (s2r or {}):
+            raise Sim2SimError("obs_history is the policy file's own; it cannot be overridden")
+        try:
+            config = sim_to_real_config(task, {**recorded, **(s2r or {}), "obs_history": history})
+        except ValueError as exc:
+            raise Sim2SimError(f"sim-to-real settings: {exc}") from None
+    else:
+        config = SimToRealConfig(obs_history=history)
     max_steps = meta.extra.get("max_episode_steps", "")
-    if max_steps:
-        kwargs["max_episode_steps"] = int(max_steps)
-    env = make(
-        task,
-        num_envs,
-        seed=seed,
-        device="cpu",
-        s2r=None if randomize else SimToRealConfig(),
-        **kwargs,
-    )
+    return EnvSettings(task, options, config, randomize, int(max_steps) if max_steps else None)
+
+
+def make_env_for(
+    meta: PolicyMetadata,
+    task: str | None,
+    num_envs: int,
+    seed: int,
+    randomize: bool,
+    task_args: Mapping[str, Any] | None = None,
+    s2r: Mapping[str, Any] | None = None,
+):
+    """The simulator the policy runs in (:func:`env_settings`), checked against the
+    file's metadata.
+
+    Raises :class:`Sim2SimError` for bad overrides, and when the task's observation
+    layout, action size, joint order, control period or robot description (action scale
+    and offset, default joint positions, PD gains) differ from the file's.
+    """
+    from sim.registry import make
+
+    settings = env_settings(meta, task, randomize, task_args, s2r)
+    task = settings.task
+    kwargs: dict[str, Any] = dict(settings.task_args)
+    if settings.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = settings.max_episode_steps
+    env = make(task, num_envs, seed=seed, device="cpu", s2r=settings.sim_to_real, **kwargs)
     try:
         _check_env(meta, env, task)
     except BaseException:
@@ -263,14 +346,21 @@ def evaluate_onnx(
     strict_safety: bool = False,
     counters: dict[str, int] | None = None,
     zero_noise: bool = False,
+    task_args: Mapping[str, Any] | None = None,
+    s2r: Mapping[str, Any] | None = None,
+    wrap: Callable[[Any, Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate an exported policy file in the simulator; the checkpoint's statistics.
 
     Returns ``{"task", "source", "randomize", **sim.evaluation.evaluate(...)}``, the
-    keys of :func:`training.artifacts.evaluate_source` for a checkpoint. The task is the metadata's
-    unless given. ``randomize`` turns on the task's sim-to-real defaults (domain
-    randomization, observation noise, action latency, pushes). If ``counters`` is a
-    dict, the summed safety-layer counts are written into it. A generative policy
+    keys of :func:`training.artifacts.evaluate_source` for a checkpoint. The task is the
+    metadata's unless given, with the task options the policy trained with
+    (``task_args`` over them). ``randomize`` turns on the sim-to-real settings it
+    trained with (domain randomization, observation noise, action latency, pushes;
+    ``s2r`` over them; the task's defaults for a file that does not record them). If
+    ``counters`` is a dict, the summed safety-layer counts are written into it.
+    ``wrap(act, env)``: an act function around the policy's (e.g. one that records a
+    video). A generative policy
     (diffusion) samples with noise drawn from a Generator seeded by ``seed``, as it runs
     on the robot; ``zero_noise`` feeds it zeros instead (one fixed draw per decision,
     which understates a policy trained to sample).
@@ -284,12 +374,12 @@ def evaluate_onnx(
     except PolicyLoadError as exc:
         raise Sim2SimLoadError(str(exc)) from exc
     meta = policy.metadata
-    env = make_env_for(meta, task, episodes, seed, randomize)  # checked against the file
+    env = make_env_for(meta, task, episodes, seed, randomize, task_args, s2r)  # checked
     try:
         actor = Sim2SimActor(
             policy, env.num_envs, env.dt, safety=safety, strict_safety=strict_safety
         )
-        stats = evaluate(actor, env, episodes)
+        stats = evaluate(wrap(actor, env) if wrap is not None else actor, env, episodes)
     finally:
         env.close()
     if counters is not None:

@@ -6,6 +6,7 @@ envs at once; nothing here loops over envs in Python.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,13 +14,24 @@ import numpy as np
 Range = tuple[float, float]
 
 
-def _check_range(name: str, r: Range | None, positive: bool = False) -> None:
+def _check_range(name: str, r: Range | None, positive: bool = False) -> Range | None:
+    """The (low, high) tuple of ``r`` (a JSON or YAML list too); ValueError naming ``name``."""
     if r is None:
-        return
-    if len(r) != 2 or not np.all(np.isfinite(r)) or r[0] > r[1]:
+        return None
+    try:
+        lo, hi = (float(v) for v in r)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a (low, high) pair, got {r!r}") from None
+    if not (np.isfinite(lo) and np.isfinite(hi)) or lo > hi:
         raise ValueError(f"{name} must be a finite (low, high) pair with low <= high, got {r!r}")
-    if positive and r[0] <= 0:
+    if positive and lo <= 0:
         raise ValueError(f"{name} must be positive, got {r!r}")
+    return lo, hi
+
+
+def _is_number(v: object, integral: bool = False) -> bool:
+    kind = numbers.Integral if integral else numbers.Real
+    return isinstance(v, kind) and not isinstance(v, bool)
 
 
 @dataclass
@@ -60,22 +72,33 @@ class SimToRealConfig:
     """Policy frames stacked, oldest first."""
 
     def __post_init__(self) -> None:
+        # ranges as tuples, whatever they came as (JSON, YAML), so that equal settings
+        # compare equal
         for name in ("mass_scale", "friction_scale", "motor_strength", "kp_scale", "kd_scale"):
-            _check_range(name, getattr(self, name), positive=True)
-        _check_range("added_base_mass", self.added_base_mass)
-        lo, hi = self.action_latency
+            setattr(self, name, _check_range(name, getattr(self, name), positive=True))
+        self.added_base_mass = _check_range("added_base_mass", self.added_base_mass)
+        latency = _check_range("action_latency", self.action_latency)
+        lo, hi = latency if latency is not None else (-1, -1)
         if int(lo) != lo or int(hi) != hi or lo < 0 or hi < lo:
             raise ValueError(
                 f"action_latency must be integers 0 <= low <= high, got {self.action_latency!r}"
             )
-        if self.obs_history < 1:
-            raise ValueError(f"obs_history must be >= 1, got {self.obs_history}")
+        self.action_latency = (int(lo), int(hi))
+        if not _is_number(self.obs_history, integral=True) or self.obs_history < 1:
+            raise ValueError(f"obs_history must be an integer >= 1, got {self.obs_history!r}")
         for name in ("obs_noise", "obs_bias"):
-            for k, v in getattr(self, name).items():
-                if not np.isfinite(v) or v < 0:
-                    raise ValueError(f"{name}[{k!r}] must be a finite std >= 0, got {v}")
-        if self.push_interval_s is not None and self.push_interval_s <= 0:
-            raise ValueError(f"push_interval_s must be > 0, got {self.push_interval_s}")
+            stds = getattr(self, name)
+            if not isinstance(stds, dict):
+                raise ValueError(f"{name} must map observation terms to stds, got {stds!r}")
+            for k, v in stds.items():
+                if not (_is_number(v) and np.isfinite(v) and v >= 0):
+                    raise ValueError(f"{name}[{k!r}] must be a finite std >= 0, got {v!r}")
+        p = self.push_interval_s
+        if p is not None and not (_is_number(p) and p > 0):
+            raise ValueError(f"push_interval_s must be None or a number > 0, got {p!r}")
+        v = self.push_velocity
+        if not (_is_number(v) and np.isfinite(v) and v >= 0):
+            raise ValueError(f"push_velocity must be a finite speed >= 0, got {v!r}")
 
     @property
     def randomizes_model(self) -> bool:

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 from deploy.metadata import (
     FORMAT_VERSION,
+    OPTIONAL_FIELDS,
     MetadataError,
     PolicyLoadError,
     PolicyMetadata,
@@ -23,6 +24,7 @@ from deploy.metadata import (
 
 OPSET = 17
 FIELDS = [f.name for f in dataclasses.fields(PolicyMetadata)]
+REQUIRED = [name for name in FIELDS if name not in OPTIONAL_FIELDS]
 
 
 def sample(**overrides) -> PolicyMetadata:
@@ -47,6 +49,9 @@ def sample(**overrides) -> PolicyMetadata:
         config_hash="0123abcd",
         opset=OPSET,
         extra={"note": "ünïcode ok"},
+        task_args={"command_vx": [0.0, 1.0], "model_path": None},
+        sim_to_real={"friction_scale": [0.5, 1.25], "obs_noise": {"joint_pos": 0.01}},
+        trained_randomized=True,
     )
     values.update(overrides)
     return PolicyMetadata(**values)
@@ -120,12 +125,35 @@ def test_opset_must_match_model():
         write_metadata(tiny_model(), sample(opset=OPSET + 1))
 
 
-@pytest.mark.parametrize("name", FIELDS)
+@pytest.mark.parametrize("name", REQUIRED)
 def test_every_missing_field_is_named(name):
     props = to_props(sample())
     del props["sim2real." + name]
     with pytest.raises(MetadataError, match="missing key.*sim2real." + name):
         from_props(props)
+
+
+def test_a_file_from_before_the_training_env_fields_loads_with_them_unrecorded():
+    props = to_props(sample())
+    for name in OPTIONAL_FIELDS:
+        del props["sim2real." + name]
+    meta = from_props(props)
+    assert meta.task_args == {} and meta.sim_to_real is None and meta.trained_randomized is None
+    assert meta == sample(task_args={}, sim_to_real=None, trained_randomized=None)
+
+
+def test_training_env_fields_are_plain_json():
+    meta = sample(task_args={"command_vx": (0, 1)}, sim_to_real={"action_latency": (0, 2)})
+    assert meta.task_args == {"command_vx": [0, 1]}  # tuples as JSON lists: round-trips exactly
+    assert from_props(to_props(meta)) == meta
+    for key, value, match in [
+        ("task_args", [1], "sim2real.task_args.*mapping"),
+        ("task_args", {"x": float("nan")}, "sim2real.task_args.*JSON"),
+        ("sim_to_real", {"x": {1, 2}}, "sim2real.sim_to_real.*JSON"),
+        ("trained_randomized", 1, "sim2real.trained_randomized"),
+    ]:
+        with pytest.raises(MetadataError, match=match):
+            sample(**{key: value})
 
 
 def test_all_missing_keys_are_listed():

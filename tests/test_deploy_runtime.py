@@ -135,8 +135,32 @@ def test_truncated_file_raises_policy_load_error_with_path(mlp, tmp_path):
     path, _, _ = mlp
     data = path.read_bytes()
     bad = tmp_path / "truncated.onnx"
-    bad.write_bytes(data[: len(data) // 2])
-    with pytest.raises(PolicyLoadError, match="truncated.onnx"):
+    bad.write_bytes(data[:200])  # inside the graph
+    with pytest.raises(PolicyLoadError, match="truncated.onnx.*truncated or corrupted"):
+        OnnxPolicy(bad)
+
+
+def test_file_cut_inside_its_metadata_is_a_load_error(mlp, tmp_path):
+    """onnxruntime accepts the cut file; the runtime must not."""
+    path, _, _ = mlp
+    data = path.read_bytes()
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(data[:-5])  # inside the last metadata entry
+    with pytest.raises(PolicyLoadError, match="cut.onnx.*ends at byte"):
+        OnnxPolicy(bad)
+
+
+def test_file_cut_between_metadata_entries_names_the_missing_keys(mlp, tmp_path):
+    """A cut exactly between two entries leaves a valid file with fewer keys: the error
+    names them and suggests truncation."""
+    path, _, _ = mlp
+    model = onnx.load(str(path))
+    kept = list(model.metadata_props)[:5]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(model.SerializeToString())
+    with pytest.raises(MetadataError, match="truncated copy.*sim2real.format_version"):
         OnnxPolicy(bad)
 
 

@@ -1,6 +1,6 @@
 """The `sim2real` command line: every subcommand is declared here.
 
-    sim2real tasks | train {ppo,dppo,bc,grpo} | eval | export | collect | bench sim | demo
+    sim2real tasks | train {ppo,dppo,bc,grpo} | eval | play | export | collect | bench sim | demo
 
 ``sim2real train <algo> --help`` lists every config field of that learner (name, type,
 default with the task's preset applied, one line of help), read from the field docs
@@ -67,6 +67,19 @@ def _opset(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an opset number, got {text!r}") from None
     if not 14 <= value <= 20:
         raise argparse.ArgumentTypeError(f"opset {value} is not supported; use 14 to 20")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object given on the command line (--task-args, --s2r)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"command_vx\": [0, 1]}}', got {text!r} ({e})"
+        ) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object {{...}}, got {text!r}")
     return value
 
 
@@ -405,6 +418,9 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
         seed=a.seed,
         randomize=a.randomize,
         zero_noise=a.zero_noise,
+        task_args=a.task_args,
+        s2r=a.s2r,
+        video=a.video,
     )
     safety: dict[str, int] = stats.get("safety") or {}
     if a.json:
@@ -415,6 +431,8 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             f"length {stats['length_mean']:.1f} ± {stats['length_std']:.1f} over "
             f"{stats['episodes']} episodes (deterministic policy)"
         )
+        if "video" in stats:
+            print(f"video of the first episode: {stats['video']} ({stats['video_frames']} frames)")
         if safety:
             print("safety: " + ", ".join(f"{name} {count}" for name, count in safety.items()))
     bad = int(safety.get("nonfinite_action", 0))
@@ -429,13 +447,56 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
+def cmd_play(args: argparse.Namespace, rest: list[str]) -> int:
+    """Run a policy in one env: the MuJoCo viewer where there is a display, else an MP4."""
+    from training.play import play
+
+    a = args
+    result = play(
+        a.source,
+        seconds=a.seconds,
+        seed=a.seed,
+        randomize=a.randomize,
+        command=a.velocity_command,
+        video=a.video,
+        task_args=a.task_args,
+        s2r=a.s2r,
+    )
+    if result.video is not None:
+        print(
+            f"video: {result.video} ({result.frames} frames, {result.seconds:.2f} s simulated, "
+            f"{result.episodes} episode(s) ended)"
+        )
+    return 0
+
+
 def cmd_export(args: argparse.Namespace, rest: list[str]) -> int:
     from deploy.export import ExportError, read_parity
     from deploy.metadata import PolicyLoadError
     from training.export import export_run
 
+    if args.rsl_rl is not None:
+        if args.source is not None:
+            raise ValueError("give either a run directory/checkpoint or --rsl-rl FILE, not both")
+        if args.task is None:
+            raise ValueError("--rsl-rl needs --task: an rsl_rl checkpoint does not record its task")
+    elif args.source is None:
+        raise ValueError("give a run directory or checkpoint file (or --rsl-rl FILE --task TASK)")
+    elif args.task is not None or args.activation is not None:
+        raise ValueError("--task and --activation apply to --rsl-rl checkpoints only")
     try:
-        path = export_run(args.source, args.out, opset=args.opset)
+        if args.rsl_rl is not None:
+            from training.rsl_rl_import import export_rsl_rl
+
+            path = export_rsl_rl(
+                args.rsl_rl,
+                args.task,
+                args.out,
+                activation=args.activation or "elu",
+                opset=args.opset,
+            )
+        else:
+            path = export_run(args.source, args.out, opset=args.opset)
         parity = read_parity(path)
     except (ExportError, PolicyLoadError) as e:
         print(f"sim2real export: error: {e}", file=sys.stderr)
@@ -491,6 +552,33 @@ def cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------- the parser
+def _env_option_args(s: argparse.ArgumentParser) -> None:
+    """The env options of eval and play: what the policy trained with, overridable."""
+    s.add_argument(
+        "--randomize",
+        action="store_true",
+        help="turn on the policy's sim-to-real settings (domain randomization, noise, "
+        "latency, pushes): the task's defaults with its training's env.s2r over them; "
+        "default: the nominal model",
+    )
+    s.add_argument(
+        "--task-args",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="task options over those the policy trained with, e.g. "
+        "'{\"command_vx\": [0.5, 1.0]}' (the trained ones apply by default)",
+    )
+    s.add_argument(
+        "--s2r",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="with --randomize: sim-to-real settings over those the policy trained with, e.g. "
+        "'{\"friction_scale\": [0.3, 1.5], \"action_latency\": [0, 2]}'",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sim2real", description="Train, export and deploy robot policies."
@@ -517,25 +605,89 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--task", default=None, help="task (default: the one the policy was trained on)")
     s.add_argument("--episodes", type=_count, default=10)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument(
-        "--randomize", action="store_true", help="domain randomization, noise and latency on"
-    )
+    _env_option_args(s)
     s.add_argument(
         "--zero-noise",
         action="store_true",
         help="generative policies: zero noise (one fixed draw) instead of seeded sampling",
     )
     s.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
+    s.add_argument(
+        "--video",
+        default=None,
+        metavar="OUT.mp4",
+        help="also record the first episode (env 0) into this MP4, rendered offscreen",
+    )
     s.set_defaults(handler=cmd_eval)
+
+    from training.play import KEYS_HELP, VIDEO_SECONDS
+
+    s = sub.add_parser(
+        "play",
+        help="watch a policy act: the MuJoCo viewer, or an MP4 without a display",
+        description="Run a run directory's, checkpoint's or policy.onnx's policy in one env "
+        "of its task. Where a display exists ($DISPLAY or $WAYLAND_DISPLAY) it is shown in "
+        "MuJoCo's viewer in real time; otherwise, or with --video, it is rendered offscreen "
+        "(MUJOCO_GL=egl) into an MP4 (default: play.mp4 in the run directory, or "
+        "<name>_play.mp4 beside the file). The env is built as `sim2real eval` builds it.",
+        epilog=KEYS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    s.add_argument("source", help="run directory, checkpoint file or policy.onnx")
+    s.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help=f"simulated seconds (default: until the viewer closes; {VIDEO_SECONDS:g} for a video)",
+    )
+    s.add_argument("--seed", type=int, default=0)
+    _env_option_args(s)
+    s.add_argument(
+        "--command",
+        type=float,
+        nargs=3,
+        metavar=("VX", "VY", "YAW"),
+        dest="velocity_command",  # `command` is the subcommand's name
+        default=None,
+        help="command-tracking tasks (quadruped): hold this command, vx and vy in m/s (body "
+        "frame), yaw rate in rad/s; default: the task draws its own from its trained ranges",
+    )
+    s.add_argument(
+        "--video", default=None, metavar="OUT.mp4", help="render offscreen into this MP4"
+    )
+    s.set_defaults(handler=cmd_play)
 
     s = sub.add_parser(
         "export",
-        help="export a run's policy to ONNX: sim2real export <run-dir> [--out f]",
+        help="export a policy to ONNX: sim2real export <run-dir> [--out f], or "
+        "sim2real export --rsl-rl model_<N>.pt --task <task> [--out f]",
         description="Export a run's policy to ONNX with its deployment metadata; the file is "
-        "checked against torch (parity) and loaded with the robot-side runtime.",
+        "checked against torch (parity) and loaded with the robot-side runtime. With --rsl-rl "
+        "the policy comes from an rsl_rl 5.x checkpoint instead (the model_<N>.pt rsl_rl's "
+        "OnPolicyRunner saves, e.g. trained on sim.rsl_rl_env.RslRlVecEnv; MLP actor with a "
+        "Gaussian distribution reading the 'policy' observation group), and --task names the "
+        "task it was trained on, which supplies the deployment metadata.",
     )
-    s.add_argument("source", help="run directory or checkpoint file")
-    s.add_argument("--out", default=None, help="output file (default: <run-dir>/policy.onnx)")
+    s.add_argument("source", nargs="?", default=None, help="run directory or checkpoint file")
+    s.add_argument(
+        "--rsl-rl",
+        default=None,
+        metavar="MODEL.pt",
+        help="export this rsl_rl 5.x checkpoint instead of a sim2real run (needs --task)",
+    )
+    s.add_argument("--task", default=None, help="with --rsl-rl: the task the policy was trained on")
+    s.add_argument(
+        "--activation",
+        default=None,
+        help="with --rsl-rl: the actor MLP's activation, the train cfg's actor.activation "
+        "(rsl_rl's names: elu, relu, tanh, ...; default elu, rsl_rl's default)",
+    )
+    s.add_argument(
+        "--out",
+        default=None,
+        help="output file (default: <run-dir>/policy.onnx; with --rsl-rl, model_<N>.onnx "
+        "beside the checkpoint)",
+    )
     s.add_argument("--opset", type=_opset, default=17, help="ONNX opset, 14 to 20 (default 17)")
     s.set_defaults(handler=cmd_export)
 

@@ -3,7 +3,9 @@
 The checkpoint payload (training.runner, training.bc_runner) carries the robot
 description, the observation terms and history, the task, run id, code version and
 config hash; these functions turn it into a :class:`deploy.metadata.PolicyMetadata`,
-one per policy family. ``deploy.export`` then writes it into the ONNX file.
+one per policy family. ``deploy.export`` then writes it into the ONNX file. The env the
+policy trained in travels too (task options, sim-to-real settings, whether they were
+on), so that sim2sim evaluates the file where it was trained.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from deploy.export import DEFAULT_OPSET
 from deploy.metadata import PolicyMetadata
+from sim.registry import sim_to_real_config
 from training.checkpoint import CheckpointError
 
 __all__ = ["diffusion_metadata", "flow_metadata", "metadata_from_checkpoint"]
@@ -49,6 +52,11 @@ def metadata_from_checkpoint(
     ``action_bounds`` (low, high) are the task's action bounds. ``extra`` carries ``control_mode``,
     ``physics_dt``, ``torque_limit``, ``action_low``/``action_high`` (JSON) and
     ``max_episode_steps`` (empty for the task's default).
+
+    The training env: ``task_args`` (``env.task_args``), ``sim_to_real`` (the task's
+    sim-to-real defaults with ``env.s2r`` over them and the policy's observation history,
+    as JSON; what ``sim2real eval --randomize`` turns on) and ``trained_randomized``
+    (``env.randomize``).
     """
     try:
         robot = ck["robot"]
@@ -82,7 +90,8 @@ def metadata_from_checkpoint(
         names = ["h", "c"] if rnn_type == "lstm" else ["h"]
         shape = [int(policy_cfg["rnn_layers"]), int(policy_cfg["rnn_hidden"])]
         family, state = "recurrent", [(n, shape) for n in names]
-    max_steps = config.get("env", {}).get("max_episode_steps")
+    env_cfg = config.get("env", {})
+    max_steps = env_cfg.get("max_episode_steps")
     extra = {
         "control_mode": mode,
         "physics_dt": repr(float(robot["physics_dt"])),
@@ -119,7 +128,19 @@ def metadata_from_checkpoint(
         config_hash=str(ck.get("config_hash", "")),
         opset=DEFAULT_OPSET,
         extra=extra,
+        task_args=dict(env_cfg.get("task_args") or {}),
+        sim_to_real=_sim_to_real(str(arch["task"]), env_cfg, history),
+        trained_randomized=bool(env_cfg["randomize"]) if "randomize" in env_cfg else None,
     )
+
+
+def _sim_to_real(task: str, env_cfg: Mapping[str, Any], history: int) -> dict[str, Any]:
+    """The training config's sim-to-real settings as plain JSON (ranges as lists)."""
+    try:
+        s2r = sim_to_real_config(task, {**(env_cfg.get("s2r") or {}), "obs_history": history})
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint env.s2r does not fit task {task!r}: {exc}") from None
+    return json.loads(json.dumps(dataclasses.asdict(s2r)))
 
 
 def _json_floats(values: Any) -> str:

@@ -11,6 +11,7 @@ adds one entry and every command knows its checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ __all__ = [
     "load_policy",
     "make_env",
     "read_kind",
+    "with_env_options",
 ]
 
 
@@ -67,17 +69,25 @@ def make_env(
 ):
     """The task's batched env for a train config (its env and run sections).
 
-    obs_history: policy frames the simulator stacks (generative policies); None: the
-    task's own sim-to-real defaults decide.
+    randomize: the config's sim-to-real settings (``cfg.env.sim_to_real()``: the task's
+    defaults with env.s2r over them) or the nominal model; None: as env.randomize says,
+    refusing env.s2r with env.randomize false (a run would not train on the settings its
+    config names). obs_history: policy frames the simulator stacks (generative policies);
+    None: the task's own sim-to-real defaults decide.
     """
-    randomize = cfg.env.randomize if randomize is None else randomize
-    s2r: SimToRealConfig | dict | None
-    if obs_history is None:
-        s2r = None if randomize else SimToRealConfig()
-    else:
-        s2r = (
-            {"obs_history": obs_history} if randomize else SimToRealConfig(obs_history=obs_history)
-        )
+    if randomize is None:
+        if cfg.env.s2r and not cfg.env.randomize:
+            raise ConfigError(
+                f"env.s2r sets sim-to-real settings {sorted(cfg.env.s2r)}, but env.randomize is "
+                "false (the nominal model: nothing randomized, no noise, no latency); set "
+                "env.randomize=true to train with them, or leave env.s2r empty"
+            )
+        randomize = cfg.env.randomize
+    s2r = (
+        cfg.env.sim_to_real(obs_history)
+        if randomize
+        else SimToRealConfig(obs_history=1 if obs_history is None else obs_history)
+    )
     return make(
         cfg.env.task,
         num_envs or cfg.env.num_envs,
@@ -272,7 +282,12 @@ def architecture(cfg: Any, env, family: PolicyFamily) -> dict[str, Any]:
 
 def check_architecture(saved: Mapping[str, Any], here: Mapping[str, Any], source: str) -> None:
     for key in ("task", "obs", "actions", "policy"):
-        if saved.get(key) != here.get(key):
+        mine = here.get(key)
+        if key == "policy" and isinstance(mine, Mapping) and isinstance(saved.get(key), Mapping):
+            # a policy field added after the checkpoint was written defaults to the old
+            # behaviour, so only the fields the checkpoint knows can disagree
+            mine = {k: v for k, v in mine.items() if k in saved[key]}
+        if saved.get(key) != mine:
             raise CheckpointError(
                 f"checkpoint {source} was trained with {key}={saved.get(key)!r}, "
                 f"but this run has {key}={here.get(key)!r}"
@@ -299,11 +314,23 @@ class LoadedPolicy:
         return self.kind.family.actor(self.policy, num_envs, deterministic, seed)
 
     def evaluate(
-        self, episodes: int, seed: int = 0, randomize: bool = False, deterministic: bool = True
+        self,
+        episodes: int,
+        seed: int = 0,
+        randomize: bool = False,
+        deterministic: bool = True,
+        wrap: Callable[[ActFn, Any], ActFn] | None = None,
     ) -> dict[str, Any]:
         return evaluate_policy(
-            self.policy, self.cfg, self.kind.family, episodes, seed, randomize, deterministic
+            self.policy, self.cfg, self.kind.family, episodes, seed, randomize, deterministic, wrap
         )
+
+    def with_env_options(
+        self, task_args: Mapping[str, Any] | None = None, s2r: Mapping[str, Any] | None = None
+    ) -> LoadedPolicy:
+        """This policy with its env's task options and sim-to-real settings overridden
+        (see :func:`with_env_options`)."""
+        return dataclasses.replace(self, cfg=with_env_options(self.cfg, task_args, s2r))
 
     def metadata(self) -> PolicyMetadata:
         return self.kind.family.metadata(self.ck, self.policy)
@@ -332,6 +359,26 @@ def load_policy(
     return LoadedPolicy(policy, cfg, ck, kind, path)
 
 
+def with_env_options(
+    cfg: Any, task_args: Mapping[str, Any] | None = None, s2r: Mapping[str, Any] | None = None
+) -> Any:
+    """A train config whose env has ``task_args`` merged over its task options and ``s2r``
+    over its sim-to-real settings (``sim2real eval/play --task-args/--s2r``): what is not
+    named stays as the policy trained. ValueError naming an unknown option or field."""
+    env = cfg.env
+    if task_args:
+        try:
+            env = dataclasses.replace(env, task_args={**env.task_args, **task_args})
+        except ValueError as e:
+            raise ValueError(f"--task-args: {e}") from None
+    if s2r:
+        try:
+            env = dataclasses.replace(env, s2r={**env.s2r, **s2r})
+        except ValueError as e:
+            raise ValueError(f"--s2r: {e}") from None
+    return dataclasses.replace(cfg, env=env)
+
+
 def evaluate_policy(
     policy: torch.nn.Module,
     cfg: Any,
@@ -340,14 +387,17 @@ def evaluate_policy(
     seed: int = 0,
     randomize: bool = False,
     deterministic: bool = True,
+    wrap: Callable[[ActFn, Any], ActFn] | None = None,
 ) -> dict[str, Any]:
     """Episode statistics of a policy's inference module in its task's env (one episode
-    per env, see sim.evaluation)."""
+    per env, see sim.evaluation). ``wrap(act, env)``: an act function around the
+    policy's, e.g. one that records a video."""
     env = make_env(cfg, episodes, seed, randomize, obs_history=family.obs_history(cfg))
     try:
         was_training = policy.training
         policy.eval()
-        stats = evaluate(family.actor(policy, env.num_envs, deterministic, seed), env, episodes)
+        act = family.actor(policy, env.num_envs, deterministic, seed)
+        stats = evaluate(wrap(act, env) if wrap is not None else act, env, episodes)
         policy.train(was_training)
     finally:
         env.close()

@@ -19,7 +19,8 @@ import torch
 from policies.diffusion import DiffusionConfig
 from policies.flow import FlowConfig
 from policies.gaussian import ActorCriticConfig
-from sim.registry import task_options
+from sim.randomization import SimToRealConfig
+from sim.registry import sim_to_real_config, task_options
 from training.algorithms.bc import BCConfig
 from training.algorithms.dppo import DPPOConfig
 from training.algorithms.fpo import FPOConfig
@@ -55,14 +56,19 @@ class EnvConfig:
     num_envs: int = 64
     """Environments stepped in one batch."""
     randomize: bool = True
-    """Train with the task's sim-to-real defaults (randomization, noise, latency, pushes);
-    false: the nominal model, no noise."""
+    """Train with the task's sim-to-real defaults (randomization, noise, latency, pushes),
+    with env.s2r over them; false: the nominal model, no noise."""
     max_episode_steps: int | None = None
     """Episode length limit; None: the task's own."""
     threads: int = 0
     """Simulator threads; 0: all usable cores."""
     task_args: dict[str, Any] = field(default_factory=dict)
     """The task constructor's own options, e.g. {"command_vx": [0, 1]} for quadruped."""
+    s2r: dict[str, Any] = field(default_factory=dict)
+    """Sim-to-real settings over the task's defaults, SimToRealConfig field -> value, e.g.
+    {"friction_scale": [0.5, 1.25], "action_latency": [0, 2]} (null turns a range off).
+    They apply with randomize=true; with randomize=false (the nominal model) a non-empty
+    s2r is an error, not silently dropped. obs_history is the policy's, not set here."""
 
     def __post_init__(self) -> None:
         check = FieldChecks(self)
@@ -83,6 +89,26 @@ class EnvConfig:
             raise ValueError(
                 f"env.task_args: {self.task!r} has no option(s) {unknown}; known: {sorted(known)}"
             )
+        self.sim_to_real()  # unknown fields and bad ranges: an error now, not at the first env
+
+    def sim_to_real(self, obs_history: int | None = None) -> SimToRealConfig:
+        """The task's sim-to-real defaults with ``s2r`` over them (checked by sim itself):
+        the settings a randomized env of this config runs with. ``obs_history``: the
+        policy frames to stack (generative policies); None: the task's own."""
+        if not isinstance(self.s2r, dict):
+            raise ValueError(f"env.s2r must be a mapping of sim-to-real fields, got {self.s2r!r}")
+        if "obs_history" in self.s2r:
+            raise ValueError(
+                "env.s2r: obs_history is the policy's frame stacking (policy.obs_history of "
+                "the generative policies), not a sim-to-real setting"
+            )
+        overrides = dict(self.s2r)
+        if obs_history is not None:
+            overrides["obs_history"] = obs_history
+        try:
+            return sim_to_real_config(self.task, overrides)
+        except ValueError as e:
+            raise ValueError(f"env.s2r: {e}") from None
 
 
 @dataclass
@@ -103,6 +129,17 @@ class RunOutputConfig:
     """Write TensorBoard logs beside metrics.jsonl."""
     progress: bool = True
     """Show a progress bar."""
+    wandb: bool = False
+    """Also log the metrics, the resolved config and the final evaluation to Weights &
+    Biases (needs the wandb package: pip install 'sim2real[wandb]'). A resumed run
+    continues the same W&B run (its id is kept in the run directory, wandb_run_id)."""
+    wandb_project: str = "sim2real"
+    """W&B project of the run (the entity comes from WANDB_ENTITY or the login's
+    default). The W&B run is named after the run directory."""
+    wandb_mode: str = ""
+    """W&B mode: online, offline (written to disk; `wandb sync` uploads it later), or ""
+    for W&B's own default (the WANDB_MODE environment variable, else online). W&B's files
+    go into the run directory (wandb/), or into WANDB_DIR when that is set."""
 
     def __post_init__(self) -> None:
         try:
@@ -111,7 +148,7 @@ class RunOutputConfig:
             kind = None
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"run.device must be cpu, cuda or cuda:<index>, got {self.device!r}")
-        FieldChecks(self).ints("eval_episodes")
+        FieldChecks(self).ints("eval_episodes").one_of("wandb_mode", ("", "online", "offline"))
 
 
 @dataclass
