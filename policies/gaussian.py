@@ -62,6 +62,12 @@ class ActorCriticConfig:
     normalize_obs: bool = True
     """Running mean/std normalization of observations inside the module (saved with the
     weights and exported with them)."""
+    obs_clip: float | None = None
+    """Clip normalized observations to [-obs_clip, obs_clip] (None: no clip). An
+    observation term that stayed constant while the statistics accumulated has a std
+    near 0, so its first change becomes a huge input: Humanoid's contact forces did
+    this, and the policy moved by whole stds per update (docs/benchmarks_ppo.md).
+    stable-baselines3's VecNormalize clips at 10."""
 
     def __post_init__(self) -> None:
         self.actor_hidden = tuple(self.actor_hidden)
@@ -82,6 +88,8 @@ class ActorCriticConfig:
                 f"ActorCriticConfig.init_std must be finite and >= min_std ({self.min_std}), "
                 f"got {self.init_std}"
             )
+        if self.obs_clip is not None and not (math.isfinite(self.obs_clip) and self.obs_clip > 0):
+            raise ValueError(f"ActorCriticConfig.obs_clip must be > 0 or None, got {self.obs_clip}")
         if self.rnn_type not in RNN_TYPES:
             raise ValueError(
                 f"ActorCriticConfig.rnn_type={self.rnn_type!r} is unknown; choose one of "
@@ -253,12 +261,16 @@ class ActorCritic(nn.Module):
         self._log_min_std = math.log(cfg.min_std)
 
         if cfg.normalize_obs:
-            self.actor_obs_normalizer: nn.Module = RunningMeanStd(self.policy_obs_size)
+            self.actor_obs_normalizer: nn.Module = RunningMeanStd(
+                self.policy_obs_size, clip=cfg.obs_clip
+            )
         else:
             self.actor_obs_normalizer = nn.Identity()
         # a symmetric critic reads the policy group and shares its statistics
         self.critic_obs_normalizer: nn.Module | None = (
-            RunningMeanStd(self.critic_obs_size) if self.asymmetric and cfg.normalize_obs else None
+            RunningMeanStd(self.critic_obs_size, clip=cfg.obs_clip)
+            if self.asymmetric and cfg.normalize_obs
+            else None
         )
 
         a_in, c_in = self.policy_obs_size, self.critic_obs_size
