@@ -236,3 +236,33 @@ def test_config_validation():
     with pytest.raises(ValueError, match="action_size"):
         ActorCritic(3, None, 0)
     assert math.isclose(ActorCriticConfig().min_std, 1e-3)
+
+
+def test_obs_clip_bounds_a_term_that_was_constant():
+    """A term constant while the statistics accumulated (std ~0) would enter the
+    network as ~1e4 on its first change; obs_clip bounds it, in the policy and in its
+    deployable graph alike."""
+    clipped = ActorCritic(5, None, 3, ActorCriticConfig(obs_clip=3.0, **SMALL))
+    free = ActorCritic(5, None, 3, ActorCriticConfig(**SMALL))
+    still = {"policy": torch.zeros(64, 5)}
+    still["policy"][:, :4] = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    for p in (clipped, free):
+        p.update_normalizers(still)
+    x = torch.zeros(2, 5)
+    x[:, 4] = 0.5  # the constant term moves
+    assert free.actor_obs_normalizer(x)[:, 4].abs().min() > 1e3
+    y = clipped.actor_obs_normalizer(x)
+    assert torch.equal(y[:, 4], torch.full((2,), 3.0))
+    z = clipped.actor_obs_normalizer(still["policy"])
+    assert torch.equal(z[:, :4], free.actor_obs_normalizer(still["policy"])[:, :4].clamp(-3, 3))
+    # the exported graph's normalizer is a copy: it clips the same
+    assert torch.equal(clipped.inference_module().normalizer(x), y)
+    x_big = x.clone()
+    x_big[:, 4] = 50.0  # beyond the clip: the same action as at the clip
+    assert torch.equal(clipped.act_inference({"policy": x}), clipped.act_inference({"policy": x_big}))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_obs_clip_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError, match="obs_clip"):
+        ActorCriticConfig(obs_clip=bad)
