@@ -1,13 +1,15 @@
-"""Velocity tracking of an exported quadruped policy, in sim2sim.
+"""Velocity tracking of an exported legged-robot policy, in sim2sim.
 
 Runs the ONNX file through the robot-side runtime and safety layer (deploy.sim2sim) on
-the quadruped task with a fixed forward command per row, nominal and with the task's
+its task (quadruped, go1, ...: the file's metadata says which) with a fixed forward
+command per row, nominal and with the task's
 training randomization (masses, friction, motor strength, PD gains, sensor noise,
 action latency, pushes). Per command: mean |v_cmd - v_xy| after the first `--skip`
 seconds, mean forward speed, and falls. The peer in the same run is a robot that holds
 its standing pose (zero action), whose error is the command's speed.
 
     python benchmarks/quadruped_tracking.py tests/data/quadruped_policy.onnx
+    python benchmarks/quadruped_tracking.py tests/data/go1_policy.onnx
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from deploy.metadata import read_metadata
 from deploy.runtime import OnnxPolicy
 from deploy.sim2sim import Sim2SimActor
 from sim.randomization import SimToRealConfig
@@ -26,6 +29,7 @@ from sim.registry import make
 
 
 def track(
+    task: str,
     path: str | None,
     cmd: tuple[float, float, float],
     randomize: bool,
@@ -36,7 +40,7 @@ def track(
 ) -> dict[str, float]:
     """Tracking figures of the policy file (None: hold the standing pose) on one command."""
     env = make(
-        "quadruped",
+        task,
         envs,
         seed=seed,
         s2r=None if randomize else SimToRealConfig(),
@@ -75,7 +79,8 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("policy", help="exported quadruped policy (.onnx)")
+    p.add_argument("policy", help="exported velocity-tracking policy (.onnx)")
+    p.add_argument("--task", default=None, help="default: the task in the file's metadata")
     p.add_argument("--speeds", nargs="+", type=float, default=[0.0, 0.25, 0.5, 0.75, 1.0])
     p.add_argument("--envs", type=int, default=8)
     p.add_argument("--seconds", type=float, default=20.0)
@@ -85,6 +90,8 @@ def main() -> None:
     a = p.parse_args()
     if not Path(a.policy).is_file():
         p.error(f"no policy file {a.policy}")
+    task = a.task or read_metadata(a.policy).task
+    print(f"task {task}, policy {a.policy}")
     rows = []
     print(
         f"{'vx cmd':>7} {'randomized':>10} {'error m/s':>10} {'vx m/s':>8} {'falls':>6} {'standing peer error':>20}"
@@ -92,8 +99,8 @@ def main() -> None:
     for randomize in (False, True):
         for v in a.speeds:
             cmd = (v, 0.0, 0.0)
-            ours = track(a.policy, cmd, randomize, a.envs, a.seconds, a.skip, a.seed)
-            peer = track(None, cmd, randomize, a.envs, a.seconds, a.skip, a.seed)
+            ours = track(task, a.policy, cmd, randomize, a.envs, a.seconds, a.skip, a.seed)
+            peer = track(task, None, cmd, randomize, a.envs, a.seconds, a.skip, a.seed)
             rows.append({"command": cmd, "randomize": randomize, "ours": ours, "standing": peer})
             print(
                 f"{v:>7.2f} {str(randomize):>10} {ours['lin_vel_error']:>10.3f} "
@@ -101,7 +108,8 @@ def main() -> None:
                 flush=True,
             )
     if a.json:
-        Path(a.json).write_text(json.dumps({"policy": a.policy, "rows": rows}, indent=1))
+        out = {"task": task, "policy": a.policy, "rows": rows}
+        Path(a.json).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,19 @@ _LOCOMOTION: dict[str, Any] = {
     "run.total_steps": 1_000_000,
 }
 
+# the legged robots' velocity tracking (legged_gym's recipe): many envs, short rollouts
+_LEGGED: dict[str, Any] = {
+    "env.num_envs": 256,
+    "ppo.num_steps": 24,
+    "ppo.num_epochs": 5,
+    "ppo.num_minibatches": 4,
+    "ppo.lr": 1e-3,
+    "ppo.entropy_coef": 0.01,
+    "policy.actor_hidden": (256, 128, 64),
+    "policy.critic_hidden": (256, 128, 64),
+    "run.total_steps": 5_000_000,
+}
+
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     "cartpole": {
         "env.num_envs": 16,
@@ -92,41 +105,15 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "policy.obs_clip": 10.0,
         "run.total_steps": 2_000_000,
     },
-    "quadruped": {
-        "env.num_envs": 256,
-        "ppo.num_steps": 24,
-        "ppo.num_epochs": 5,
-        "ppo.num_minibatches": 4,
-        "ppo.lr": 1e-3,
-        "ppo.entropy_coef": 0.01,
-        "policy.actor_hidden": (256, 128, 64),
-        "policy.critic_hidden": (256, 128, 64),
-        "run.total_steps": 5_000_000,
-    },
+    "quadruped": _LEGGED,
     # the Unitree Go1 (sim/tasks/go1.py): the quadruped's settings, which walked the
     # quadruped at 6M steps (docs/benchmarks_ppo.md), with a longer budget for the real
     # robot's softer joints (kp 16-36 Nm/rad against 30)
-    "go1": {
-        "env.num_envs": 256,
-        "ppo.num_steps": 24,
-        "ppo.num_epochs": 5,
-        "ppo.num_minibatches": 4,
-        "ppo.lr": 1e-3,
-        "ppo.entropy_coef": 0.01,
-        "policy.actor_hidden": (256, 128, 64),
-        "policy.critic_hidden": (256, 128, 64),
-        "run.total_steps": 10_000_000,
-    },
+    "go1": {**_LEGGED, "run.total_steps": 10_000_000},
     # rough terrain: the critic reads a 187-point height scan, hence its wider layers
     # (legged_gym's 512-256-128); climbing the curriculum's levels takes many more steps
     "go1_rough": {
-        "env.num_envs": 256,
-        "ppo.num_steps": 24,
-        "ppo.num_epochs": 5,
-        "ppo.num_minibatches": 4,
-        "ppo.lr": 1e-3,
-        "ppo.entropy_coef": 0.01,
-        "policy.actor_hidden": (256, 128, 64),
+        **_LEGGED,
         "policy.critic_hidden": (512, 256, 128),
         "run.total_steps": 50_000_000,
     },

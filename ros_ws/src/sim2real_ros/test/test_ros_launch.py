@@ -4,7 +4,7 @@
 reading them: every executable they start is an entry point of setup.py, every
 parameter file and included launch file they name is in the package and installed by
 setup.py, and every key of the parameter files is a parameter the node declares. The
-DDS tests (tests/test_ros_nodes.py) start the same executables with the same files.
+DDS tests (test_ros_nodes.py, beside this file) start the same executables with the same files.
 """
 
 from __future__ import annotations
