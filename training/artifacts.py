@@ -28,6 +28,8 @@ from training.policy_kinds import PolicyFamily, load_policy, make_env
 __all__ = [
     "EpisodeRecorder",
     "VideoWriter",
+    "check_checkpoint_randomizable",
+    "check_onnx_randomizable",
     "check_randomizable",
     "check_s2r",
     "control_steps",
@@ -202,6 +204,25 @@ def check_randomizable(task: str, settings: Any) -> None:
         )
 
 
+def check_onnx_randomizable(
+    meta: Any,
+    task: str | None,
+    task_args: Mapping[str, Any] | None,
+    s2r: Mapping[str, Any] | None,
+) -> None:
+    """check_randomizable for an ONNX file's env: its metadata under the overrides."""
+    from deploy.sim2sim import env_settings
+
+    settings = env_settings(meta, task, True, task_args, s2r)
+    check_randomizable(settings.task, settings.sim_to_real)
+
+
+def check_checkpoint_randomizable(loaded: Any) -> None:
+    """check_randomizable for a loaded checkpoint's env (its config, with the options)."""
+    history = loaded.kind.family.obs_history(loaded.cfg)
+    check_randomizable(loaded.cfg.env.task, loaded.cfg.env.sim_to_real(history))
+
+
 def evaluate_source(
     source: str | os.PathLike,
     task: str | None = None,
@@ -269,15 +290,14 @@ def _evaluate_onnx(
     wrap: Any,
 ) -> dict[str, Any]:
     from deploy.metadata import PolicyLoadError, read_metadata
-    from deploy.sim2sim import Sim2SimLoadError, env_settings, evaluate_onnx
+    from deploy.sim2sim import Sim2SimLoadError, evaluate_onnx
 
-    try:
-        meta = read_metadata(source)
-    except PolicyLoadError as exc:  # reported as evaluate_onnx reports it
-        raise Sim2SimLoadError(str(exc)) from exc
-    settings = env_settings(meta, task, randomize, task_args, s2r)
     if randomize:
-        check_randomizable(settings.task, settings.sim_to_real)
+        try:
+            meta = read_metadata(source)
+        except PolicyLoadError as exc:  # reported as evaluate_onnx reports it
+            raise Sim2SimLoadError(str(exc)) from exc
+        check_onnx_randomizable(meta, task, task_args, s2r)
     counters: dict[str, int] = {}
     stats = evaluate_onnx(
         source,
@@ -307,8 +327,7 @@ def _evaluate_checkpoint(
 ) -> dict[str, Any]:
     loaded = load_policy(source, task=task).with_env_options(task_args, s2r)
     if randomize:
-        history = loaded.kind.family.obs_history(loaded.cfg)
-        check_randomizable(loaded.cfg.env.task, loaded.cfg.env.sim_to_real(history))
+        check_checkpoint_randomizable(loaded)
     generative = loaded.kind.family.name != "gaussian"
     stats = loaded.evaluate(
         episodes, seed, randomize, deterministic=zero_noise if generative else True, wrap=wrap

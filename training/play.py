@@ -229,8 +229,8 @@ def _onnx_player(
 ) -> Player:
     from deploy.metadata import PolicyLoadError
     from deploy.runtime import OnnxPolicy
-    from deploy.sim2sim import Sim2SimActor, Sim2SimLoadError, env_settings, make_env_for
-    from training.artifacts import check_randomizable
+    from deploy.sim2sim import Sim2SimActor, Sim2SimLoadError, make_env_for
+    from training.artifacts import check_onnx_randomizable
 
     try:
         policy = OnnxPolicy(source, seed=seed)
@@ -239,8 +239,7 @@ def _onnx_player(
     meta = policy.metadata
     _check_command(meta.task, options)
     if randomize:
-        settings = env_settings(meta, None, randomize, options, s2r)
-        check_randomizable(settings.task, settings.sim_to_real)
+        check_onnx_randomizable(meta, None, options, s2r)
     env = make_env_for(meta, None, 1, seed, randomize, options, s2r)
     return Player(env, Sim2SimActor(policy, 1, env.dt), meta.task, str(source))
 
@@ -252,15 +251,14 @@ def _checkpoint_player(
     options: dict[str, Any],
     s2r: Mapping[str, Any] | None,
 ) -> Player:
-    from training.artifacts import check_randomizable
+    from training.artifacts import check_checkpoint_randomizable
     from training.policy_kinds import load_policy
 
     loaded = load_policy(source)
     _check_command(loaded.cfg.env.task, options)
     loaded = loaded.with_env_options(options, s2r)
     if randomize:
-        history = loaded.kind.family.obs_history(loaded.cfg)
-        check_randomizable(loaded.cfg.env.task, loaded.cfg.env.sim_to_real(history))
+        check_checkpoint_randomizable(loaded)
     env = loaded.make_env(1, seed, randomize)
     deterministic = loaded.kind.family.name == "gaussian"
     return Player(env, loaded.actor(1, deterministic, seed), loaded.cfg.env.task, str(source))
