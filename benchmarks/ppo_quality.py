@@ -3,14 +3,18 @@
 For each task and seed: train with the task's preset for a fixed env-step budget,
 then evaluate the deterministic policy (10 episodes). Prints the median final return
 and wall time per task beside stable-baselines3 RL Zoo's PPO figures (1M steps,
-Gymnasium v3 tasks; DLR-RM/rl-baselines3-zoo, benchmark.md). Quadruped: velocity
-tracking error of the trained policy.
+Gymnasium v3 tasks; DLR-RM/rl-baselines3-zoo, benchmark.md). The Zoo publishes no PPO
+figure for Humanoid, so for the tasks in --sb3 (default: humanoid) stable-baselines3 PPO
+is trained in the same run on Gymnasium's own v5 env, with SB3's defaults and
+VecNormalize as its users run it, same budget and seeds, and evaluated the same way.
+Quadruped: velocity tracking error of the trained policy.
 
     python benchmarks/ppo_quality.py --tasks halfcheetah hopper walker2d ant --seeds 0 1 2 --steps 1000000 \\
         --figure docs/figures/ppo_quality_curves.png
+    python benchmarks/ppo_quality.py --tasks humanoid --seeds 0 1 2 --steps 1000000
 
-Finished runs in --out are reused (a run resumes from its last checkpoint), so a rerun
-only trains what is missing and can redraw the figure.
+Finished runs in --out are reused (a run resumes from its last checkpoint; an SB3 run is
+cached as JSON), so a rerun only trains what is missing and can redraw the figure.
 """
 
 from __future__ import annotations
@@ -19,8 +23,12 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sb3_peer import GYM_IDS, cached_default  # noqa: E402
 
 # RL Zoo PPO, 1M steps, mean ± std of the deterministic evaluation (benchmark.md)
 RL_ZOO_PPO = {
@@ -99,14 +107,32 @@ def main() -> None:
     p.add_argument("--tasks", nargs="+", default=["halfcheetah", "hopper", "walker2d", "ant"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=1_000_000)
+    p.add_argument(
+        "--sb3",
+        nargs="*",
+        default=["humanoid"],
+        help="tasks on which SB3 PPO (defaults + VecNormalize) trains as the peer",
+    )
+    p.add_argument("--sb3-only", action="store_true", help="train only the SB3 peer runs")
     p.add_argument("--out", default="runs/bench_ppo_quality")
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None, help="PNG of the learning curves")
     p.add_argument("overrides", nargs="*", help="section.field=value applied to every run")
     a = p.parse_args()
     out = Path(a.out)
-    rows = []
+    for task in a.sb3:
+        if task not in GYM_IDS:
+            p.error(f"--sb3 {task}: no Gymnasium env reproduces it ({', '.join(GYM_IDS)})")
+    rows, peers = [], []
     for task in a.tasks:
+        if task in a.sb3:
+            for seed in a.seeds:
+                r = cached_default(GYM_IDS[task], a.steps, seed, out)
+                peers.append({"task": task, **r})
+                print(f"{task} seed {seed}: SB3 PPO on {r['env_id']}: return {r['return_mean']:.1f} "
+                      f"± {r['return_std']:.1f}, length {r['length_mean']:.0f}, {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+        if a.sb3_only:
+            continue
         for seed in a.seeds:
             r = run_one(task, seed, a.steps, out, a.overrides)
             rows.append(r)
@@ -117,22 +143,36 @@ def main() -> None:
             )
             print(
                 f"{task} seed {seed}: return {r['return_mean']:.1f} ± {r['return_std']:.1f}, "
-                f"training {r['train_s']:.0f} s (this call {r['wall_s']:.0f} s){extra}",
+                f"length {r['length_mean']:.0f}, training {r['train_s']:.0f} s "
+                f"(this call {r['wall_s']:.0f} s){extra}",
                 flush=True,
             )
-    print(f"\nmachine: {os.cpu_count()} CPUs; {a.steps:,} env steps per run, seeds {a.seeds}")
-    print(f"{'task':<12}{'median return':>15}{'median train s':>15}{'RL Zoo PPO':>18}{'vs zoo':>9}")
+    print(f"\nmachine: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}; "
+          f"{a.steps:,} env steps per run, seeds {a.seeds}")  # fmt: skip
+    print(f"{'task':<12}{'median return':>15}{'median length':>15}{'median train s':>15}"
+          f"{'peer':>26}{'vs peer':>9}")  # fmt: skip
     for task in a.tasks:
         rs = [r for r in rows if r["task"] == task]
+        ps = [r for r in peers if r["task"] == task]
+        if ps:
+            peer = statistics.median(r["return_mean"] for r in ps)
+            peer_s = f"SB3 {peer:.0f} (median)"
+        elif task in RL_ZOO_PPO:
+            peer = RL_ZOO_PPO[task][0]
+            peer_s = f"RL Zoo {peer:.0f} ± {RL_ZOO_PPO[task][1]:.0f}"
+        else:
+            peer, peer_s = None, "-"
+        if not rs:
+            print(f"{task:<12}{'-':>15}{'-':>15}{'-':>15}{peer_s:>26}{'-':>9}")
+            continue
         med = statistics.median(r["return_mean"] for r in rs)
+        length = statistics.median(r["length_mean"] for r in rs)
         wall = statistics.median(r["train_s"] for r in rs)
-        zoo = RL_ZOO_PPO.get(task)
-        zoo_s = f"{zoo[0]:.0f} ± {zoo[1]:.0f}" if zoo else "-"
-        ratio = f"{med / zoo[0]:.2f}x" if zoo else "-"
-        print(f"{task:<12}{med:>15.1f}{wall:>15.0f}{zoo_s:>18}{ratio:>9}")
+        ratio = f"{med / peer:.2f}x" if peer else "-"
+        print(f"{task:<12}{med:>15.1f}{length:>15.0f}{wall:>15.0f}{peer_s:>26}{ratio:>9}")
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
-    if a.figure:
+        Path(a.json).write_text(json.dumps({"ours": rows, "sb3": peers}, indent=1))
+    if a.figure and rows:
         plot_curves(rows, out, Path(a.figure))
 
 

@@ -22,13 +22,16 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections import deque
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sb3_peer import Curve, evaluate  # noqa: E402
 
 SAME = dict(
     num_envs=16,
@@ -42,50 +45,6 @@ SAME = dict(
 )
 
 
-def _eval_sb3(model, vecnorm=None, episodes: int = 10, seed: int = 100) -> float:
-    env = gym.make("HalfCheetah-v5")
-    rets = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=seed + ep)
-        done, ret = False, 0.0
-        while not done:
-            o = vecnorm.normalize_obs(obs) if vecnorm is not None else obs
-            a, _ = model.predict(o, deterministic=True)
-            obs, r, term, trunc, _ = env.step(a)
-            ret += r
-            done = term or trunc
-        rets.append(ret)
-    return float(np.mean(rets))
-
-
-class _Curve:
-    """SB3 callback recording (time, steps, mean return of the last 20 episodes)."""
-
-    def __init__(self):
-        from stable_baselines3.common.callbacks import BaseCallback
-
-        outer = self
-        self.points: list[tuple[float, int, float]] = []
-        self.returns: list[float] = []
-        self.t0 = time.perf_counter()
-
-        class CB(BaseCallback):
-            def _on_step(self) -> bool:
-                for info in self.locals["infos"]:
-                    if "episode" in info:
-                        outer.returns.append(info["episode"]["r"])
-                        outer.points.append(
-                            (
-                                time.perf_counter() - outer.t0,
-                                self.num_timesteps,
-                                float(np.mean(outer.returns[-20:])),
-                            )
-                        )
-                return True
-
-        self.cb = CB()
-
-
 def sb3_same(steps: int, seed: int) -> dict:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -97,12 +56,12 @@ def sb3_same(steps: int, seed: int) -> dict:
         learning_rate=SAME["lr"], gamma=SAME["gamma"], gae_lambda=SAME["lam"], seed=seed, device="cpu",
         policy_kwargs=dict(net_arch=dict(pi=list(SAME["hidden"]), vf=list(SAME["hidden"]))),
     )  # fmt: skip
-    curve = _Curve()
+    curve = Curve()
     t0 = time.perf_counter()
     model.learn(steps, callback=curve.cb)
     wall = time.perf_counter() - t0
     return {"steps_per_s": steps / wall, "train_return": float(np.mean(curve.returns[-20:])),
-            "eval_return": _eval_sb3(model), "wall_s": wall}  # fmt: skip
+            "eval_return": evaluate(model, "HalfCheetah-v5")["return_mean"], "wall_s": wall}  # fmt: skip
 
 
 def ours_same(steps: int, seed: int, out: Path) -> dict:
@@ -151,13 +110,13 @@ def sb3_zoo(steps: int, seed: int) -> dict:
                            activation_fn={"relu": torch.nn.ReLU, "tanh": torch.nn.Tanh}[net["activation"]],
                            net_arch=dict(pi=net["pi"], vf=net["vf"])),
     )  # fmt: skip
-    curve = _Curve()
+    curve = Curve()
     t0 = time.perf_counter()
     model.learn(steps, callback=curve.cb)
     wall = time.perf_counter() - t0
     venv.training = False
     return {"curve": curve.points, "final_train_return": curve.points[-1][2] if curve.points else float("nan"),
-            "eval_return": _eval_sb3(model, venv), "wall_s": wall}  # fmt: skip
+            "eval_return": evaluate(model, "HalfCheetah-v5", venv)["return_mean"], "wall_s": wall}  # fmt: skip
 
 
 class _EpisodeLog(deque):

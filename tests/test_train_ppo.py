@@ -313,3 +313,48 @@ def test_sb3_comparison_reruns_our_side_from_scratch(tmp_path, capsys):
     assert first["curve"] == [] and (tmp_path / "preset_2048" / "checkpoints").is_dir()
     bench.ours_preset(2048, 0, tmp_path)
     assert "removing the earlier run" in capsys.readouterr().out
+
+
+def _quality_benchmark():
+    """benchmarks/ppo_quality.py as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "ppo_quality.py"
+    spec = importlib.util.spec_from_file_location("bench_ppo_quality", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_quality_benchmark_trains_the_sb3_peer_once_and_compares(tmp_path, monkeypatch, capsys):
+    """ppo_quality.py's SB3 peer: a real SB3 run on Gymnasium's own env, cached per
+    (env, budget, seed) and read back; the table divides our median by the peer's."""
+    bench = _quality_benchmark()
+    peer = sys.modules["sb3_peer"]
+    argv = ["ppo_quality.py", "--tasks", "cartpole", "--sb3", "cartpole", "--seeds", "0",
+            "--steps", "2048", "--out", str(tmp_path), "--json", str(tmp_path / "r.json")]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", [*argv, "--sb3-only"])
+    bench.main()
+    cached = json.loads((tmp_path / "sb3_default_InvertedPendulum-v5_2048_s0.json").read_text())
+    assert cached["env_id"] == "InvertedPendulum-v5" and cached["steps"] == 2048
+    # v5 pays +1 per step but nothing on the step that tips over
+    assert 1 <= cached["length_mean"] <= 1000
+    assert cached["return_mean"] == pytest.approx(cached["length_mean"] - 1)
+    capsys.readouterr()
+
+    def not_again(*args):
+        raise AssertionError("the cached SB3 run was trained again")
+
+    monkeypatch.setattr(peer, "train_default", not_again)
+    monkeypatch.setattr(sys, "argv", [*argv, "run.video=false"])
+    bench.main()
+    res = json.loads((tmp_path / "r.json").read_text())
+    ours = res["ours"][0]["return_mean"]
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("cartpole  "))
+    assert f"{ours / cached['return_mean']:.2f}x" in line and "SB3" in line
+
+    monkeypatch.setattr(sys, "argv", [*argv[:2], "quadruped", "--sb3", "quadruped", *argv[5:]])
+    with pytest.raises(SystemExit):
+        bench.main()
+    assert "no Gymnasium env reproduces it" in capsys.readouterr().err
