@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rsl_rl_peer  # noqa: E402
 from sb3_peer import GYM_IDS, cached_default  # noqa: E402
 
 # RL Zoo PPO, 1M steps, mean ± std of the deterministic evaluation (benchmark.md)
@@ -113,7 +114,16 @@ def main() -> None:
         default=["humanoid"],
         help="tasks on which SB3 PPO (defaults + VecNormalize) trains as the peer",
     )
-    p.add_argument("--sb3-only", action="store_true", help="train only the SB3 peer runs")
+    p.add_argument(
+        "--rsl-rl",
+        nargs="*",
+        default=[],
+        help="tasks on which rsl_rl's PPO (the preset's settings) trains as the peer",
+    )
+    p.add_argument(
+        "--peers-only", "--sb3-only", dest="sb3_only", action="store_true",
+        help="train only the peer runs",
+    )  # fmt: skip
     p.add_argument("--out", default="runs/bench_ppo_quality")
     p.add_argument("--json", default=None)
     p.add_argument("--figure", default=None, help="PNG of the learning curves")
@@ -128,8 +138,14 @@ def main() -> None:
         if task in a.sb3:
             for seed in a.seeds:
                 r = cached_default(GYM_IDS[task], a.steps, seed, out)
-                peers.append({"task": task, **r})
+                peers.append({"task": task, "peer": "SB3", **r})
                 print(f"{task} seed {seed}: SB3 PPO on {r['env_id']}: return {r['return_mean']:.1f} "
+                      f"± {r['return_std']:.1f}, length {r['length_mean']:.0f}, {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+        if task in a.rsl_rl:
+            for seed in a.seeds:
+                r = rsl_rl_peer.cached(task, a.steps, seed, out, a.overrides)
+                peers.append({"peer": "rsl_rl", **r})
+                print(f"{task} seed {seed}: rsl_rl PPO: return {r['return_mean']:.1f} "
                       f"± {r['return_std']:.1f}, length {r['length_mean']:.0f}, {r['wall_s']:.0f} s", flush=True)  # fmt: skip
         if a.sb3_only:
             continue
@@ -156,7 +172,7 @@ def main() -> None:
         ps = [r for r in peers if r["task"] == task]
         if ps:
             peer = statistics.median(r["return_mean"] for r in ps)
-            peer_s = f"SB3 {peer:.0f} (median)"
+            peer_s = f"{ps[0]['peer']} {peer:.0f} (median)"
         elif task in RL_ZOO_PPO:
             peer = RL_ZOO_PPO[task][0]
             peer_s = f"RL Zoo {peer:.0f} ± {RL_ZOO_PPO[task][1]:.0f}"

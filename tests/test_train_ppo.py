@@ -358,3 +358,33 @@ def test_quality_benchmark_trains_the_sb3_peer_once_and_compares(tmp_path, monke
     with pytest.raises(SystemExit):
         bench.main()
     assert "no Gymnasium env reproduces it" in capsys.readouterr().err
+
+
+def test_quality_benchmark_trains_rsl_rl_on_our_task_with_the_preset(tmp_path, monkeypatch, capsys):
+    """ppo_quality.py's rsl_rl peer: rsl_rl's own runner on our env with the preset's
+    settings, its checkpoint exported and scored by our evaluation; settings rsl_rl
+    cannot run are refused rather than silently dropped."""
+    bench = _quality_benchmark()
+    peer = sys.modules["rsl_rl_peer"]
+    cfg = build_ppo_config("quadruped")
+    tc = peer.train_cfg(cfg)
+    alg = tc["algorithm"]
+    assert tc["num_steps_per_env"] == 24 and tc["obs_groups"]["critic"] == ["critic"]
+    assert (alg["learning_rate"], alg["schedule"], alg["num_mini_batches"]) == (1e-3, "adaptive", 4)
+    assert tc["actor"]["hidden_dims"] == [256, 128, 64]
+    assert tc["actor"]["distribution_cfg"]["init_std"] == cfg.policy.init_std
+    with pytest.raises(ValueError, match="value normalization"):
+        peer.train_cfg(build_ppo_config("humanoid"))
+
+    argv = ["ppo_quality.py", "--tasks", "cartpole", "--sb3", "--rsl-rl", "cartpole",
+            "--seeds", "0", "--steps", "2048", "--out", str(tmp_path), "--peers-only"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    res = json.loads((tmp_path / "rsl_rl_cartpole_2048_s0.json").read_text())
+    assert res["steps"] == 2048 and 1 <= res["length_mean"] <= 1000
+    from deploy.metadata import read_metadata
+
+    meta = read_metadata(res["onnx"])
+    assert meta.extra["checkpoint_kind"] == "rsl_rl" and int(meta.extra["iteration"]) == 3
+    out = capsys.readouterr().out
+    assert f"rsl_rl PPO: return {res['return_mean']:.1f}" in out
