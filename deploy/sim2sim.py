@@ -349,6 +349,7 @@ def evaluate_onnx(
     task_args: Mapping[str, Any] | None = None,
     s2r: Mapping[str, Any] | None = None,
     wrap: Callable[[Any, Any], Any] | None = None,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
     """Evaluate an exported policy file in the simulator; the checkpoint's statistics.
 
@@ -363,7 +364,8 @@ def evaluate_onnx(
     video). A generative policy
     (diffusion) samples with noise drawn from a Generator seeded by ``seed``, as it runs
     on the robot; ``zero_noise`` feeds it zeros instead (one fixed draw per decision,
-    which understates a policy trained to sample).
+    which understates a policy trained to sample). ``max_steps``: stop the episodes
+    after this many control steps (None: run them to their end).
 
     Raises FileNotFoundError for a missing file, :class:`Sim2SimLoadError` (a
     PolicyLoadError) for a file onnxruntime cannot load, MetadataError for bad metadata
@@ -379,7 +381,7 @@ def evaluate_onnx(
         actor = Sim2SimActor(
             policy, env.num_envs, env.dt, safety=safety, strict_safety=strict_safety
         )
-        stats = evaluate(wrap(actor, env) if wrap is not None else actor, env, episodes)
+        stats = evaluate(wrap(actor, env) if wrap is not None else actor, env, episodes, max_steps)
     finally:
         env.close()
     if counters is not None:

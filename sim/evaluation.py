@@ -18,7 +18,8 @@ ActFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
 def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> dict[str, Any]:
-    """Run each env's first episode to its end; `env.num_envs` must be >= `episodes`.
+    """Run each env's first episode to its end (or to `max_steps` control steps);
+    `env.num_envs` must be >= `episodes`.
 
     Taking the first episode of every env (rather than the first `episodes` that end)
     avoids favouring short episodes.
@@ -34,6 +35,7 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
     done = np.zeros(n, dtype=bool)
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
+    fell = np.zeros(n, dtype=bool)
     extras: dict[str, list[float]] = {}
     reset_mask = torch.ones(n, dtype=torch.bool, device=env.device)
     limit = max_steps or env.max_episode_steps + 1
@@ -52,7 +54,9 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
         for k in ("lin_vel_error", "ang_vel_error"):
             if k in info:
                 extras.setdefault(k, []).extend(info[k].cpu().numpy()[live[:]].tolist())
-        ended = (terminated | truncated).cpu().numpy()
+        term = terminated.cpu().numpy()
+        fell |= term & live
+        ended = term | truncated.cpu().numpy()
         reset_mask = torch.as_tensor(ended, device=env.device)
         done |= ended
         if done[:episodes].all():
@@ -65,6 +69,8 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
         "length_mean": float(length[sel].mean()),
         "length_std": float(length[sel].std()),
         "completed": int(done[sel].sum()),
+        # ended by a termination (a fall) rather than a time-out or the step limit
+        "terminated": int(fell[sel].sum()),
         # per episode as well: a mean with a large std hides whether one episode failed
         # (a fall, a flip) or all were mediocre
         "returns": ret[sel].tolist(),

@@ -8,6 +8,7 @@ A task subclasses `MujocoVecEnv` and fills in a few vectorized hooks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -100,6 +101,8 @@ class MujocoVecEnv:
     max_episode_steps: int = 1000
     rne_post: bool = False  # needs cfrc_ext as Gymnasium computes it
     base_body: str | None = None  # body that receives pushes and added mass
+    # constraints the task reports as info "cstr_<name>" (violation >= 0), for CaT
+    constraint_names: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -306,6 +309,45 @@ class MujocoVecEnv:
         self._next_push[due] = t[due] + self._rng.exponential(
             self.s2r.push_interval_s, size=len(due)
         )
+
+    def body_ids(self, bodies: Sequence[str] | None = None) -> np.ndarray:
+        """Model ids of the named bodies (None: the task's base body); ValueError naming
+        a body the model lacks, or a task without a base body."""
+        if bodies is None:
+            if self.base_body is None:
+                raise ValueError(f"task {self.name!r} names no base body; name the bodies")
+            bodies = (self.base_body,)
+        ids = [mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, b) for b in bodies]
+        missing = [b for b, i in zip(bodies, ids) if i < 0]
+        if missing or not ids:
+            raise ValueError(f"task {self.name!r} has no bodies {missing or list(bodies)}")
+        return np.array(ids, dtype=np.int64)
+
+    def set_external_forces(self, forces: Any, bodies: Sequence[str] | None = None) -> None:
+        """Apply world-frame forces (N) at the centres of mass of `bodies` (None: the base
+        body) in every env, from the next physics step until they are set again or the
+        env resets (MuJoCo's xfrc_applied, which a reset zeroes); e.g. an adversary's.
+
+        `forces`: (num_envs, len(bodies), 3), or (num_envs, 3) for one body; finite.
+        """
+        ids = self.body_ids(bodies)
+        if isinstance(forces, torch.Tensor):
+            forces = forces.detach().to("cpu", torch.float64).numpy()
+        forces = np.asarray(forces, dtype=np.float64)
+        if forces.shape == (self.num_envs, 3) and len(ids) == 1:
+            forces = forces[:, None, :]
+        if forces.shape != (self.num_envs, len(ids), 3):
+            raise ValueError(
+                f"forces must have shape {(self.num_envs, len(ids), 3)} (num_envs, bodies, 3), "
+                f"got {forces.shape}"
+            )
+        if not np.isfinite(forces).all():
+            raise ValueError("external forces must be finite")
+        # xfrc_applied is integration state: the engine keeps it, and checkpoints with it
+        xfrc = self.engine.get("xfrc_applied").copy()
+        xfrc[:, ids, :3] = forces
+        xfrc[:, ids, 3:] = 0.0
+        self.engine.set("xfrc_applied", xfrc)
 
     # ------------------------------------------------------------------ contract
     def reset(self, seed: int | None = None) -> dict[str, torch.Tensor]:

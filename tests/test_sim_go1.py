@@ -28,6 +28,12 @@ from sim.terrain import Terrain, TerrainConfig, next_levels
 
 NOMINAL = SimToRealConfig()  # no randomization, noise, latency or pushes
 NUM_KINDS = len(TerrainConfig().kinds)
+# the tasks on terrain with its curriculum: the Go1's, and the quadruped's option (on a
+# smaller grid of tiles) that shares its code (sim/tasks/terrain_ground.py)
+ON_TERRAIN = pytest.mark.parametrize(
+    "task, terrain",
+    [("go1_rough", {}), ("quadruped", {"terrain": {"num_levels": 5, "num_cols": 5}})],
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -199,9 +205,10 @@ def test_same_seed_same_trajectory(task):
     assert not torch.equal(a, c)
 
 
-def test_resume_continues_the_curriculum_exactly():
+@ON_TERRAIN
+def test_resume_continues_the_curriculum_exactly(task, terrain):
     def make():
-        return _env("go1_rough", 4, s2r=None, max_episode_steps=10)
+        return _env(task, 4, s2r=None, max_episode_steps=10, **terrain)
 
     a, rng = make(), np.random.default_rng(0)
     actions = [torch.as_tensor(rng.normal(size=(4, 12))) for _ in range(40)]
@@ -209,6 +216,7 @@ def test_resume_continues_the_curriculum_exactly():
         a.step(actions[t])
     b = make()
     b.load_state_dict(a.state_dict())
+    start = a.terrain_levels.copy()
     for t in range(15, 40):  # across two more episode ends, with their level changes
         oa, ra, *_ = a.step(actions[t])
         ob, rb, *_ = b.step(actions[t])
@@ -218,6 +226,7 @@ def test_resume_continues_the_curriculum_exactly():
         torch.testing.assert_close(ra, rb, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(a.terrain_levels, b.terrain_levels)
     np.testing.assert_array_equal(a._spawn_xy, b._spawn_xy)
+    assert not np.array_equal(a.terrain_levels, start)  # the levels did move
 
 
 # ---------------------------------------------------------------------- terrain
@@ -291,9 +300,10 @@ def test_curriculum_rule():
     assert new[5] == 5
 
 
-def test_curriculum_moves_walkers_up_and_standers_down():
+@ON_TERRAIN
+def test_curriculum_moves_walkers_up_and_standers_down(task, terrain):
     cmd = [1.0, 0.0, 0.0]  # asks 1 m over a 1 s episode
-    env = _env("go1_rough", 2, fixed_command=cmd, max_episode_steps=50, max_init_level=0)
+    env = _env(task, 2, fixed_command=cmd, max_episode_steps=50, max_init_level=0, **terrain)
     env.terrain_levels[:] = 3
     env.reset()
     assert env.terrain_levels.tolist() == [3, 3]
@@ -316,8 +326,10 @@ def test_curriculum_moves_walkers_up_and_standers_down():
     assert np.abs(env._spawn_xy - origins).max() <= env.spawn_jitter
 
 
-def test_curriculum_can_be_switched_off():
-    env = _env("go1_rough", 2, fixed_command=[1.0, 0.0, 0.0], max_episode_steps=5, curriculum=False)
+@ON_TERRAIN
+def test_curriculum_can_be_switched_off(task, terrain):
+    cmd = [1.0, 0.0, 0.0]
+    env = _env(task, 2, fixed_command=cmd, max_episode_steps=5, curriculum=False, **terrain)
     before = env.terrain_levels.copy()
     for _ in range(5):
         env.step(_zeros(env))

@@ -634,3 +634,42 @@ def test_mjcf_without_expected_parts(tmp_path, edit, message):
     with pytest.raises(ValueError, match=message) as e:
         sim.make("quadruped", 1, model_path=str(path))
     assert "robot.xml" in str(e.value)
+
+
+# ---------------------------------------------------------------------- terrain
+SMALL_TERRAIN = {"num_levels": 5, "num_cols": 5}
+
+
+def test_flat_by_default_and_a_heightfield_with_the_terrain_option():
+    flat = _env(1)
+    assert flat.terrain is None and not hasattr(flat, "terrain_levels")
+    assert mujoco.mjtGeom.mjGEOM_PLANE in flat.model.geom_type
+    rough = _env(5, terrain=SMALL_TERRAIN, max_init_level=0, num_threads=1)
+    m = rough.model
+    assert m.nhfield == 1 and mujoco.mjtGeom.mjGEOM_PLANE not in m.geom_type
+    # the heightfield took over the file's floor contact settings
+    hf = list(m.geom_type).index(mujoco.mjtGeom.mjGEOM_HFIELD)
+    np.testing.assert_allclose(m.geom_friction[hf], [1.0, 0.005, 0.0001])
+    # the same actor observations; the critic also scans the ground
+    assert rough.observation_spec.policy.size == flat.observation_spec.policy.size
+    assert rough.observation_spec["critic"].size == flat.observation_spec["critic"].size + 187
+    # one env per kind, level 0: each stands a second on its tile, heights from the ground
+    assert (rough.terrain_levels == 0).all()
+    for _ in range(50):
+        _, _, term, trunc, info = rough.step(_zeros(rough))
+        assert not (term | trunc).any()
+    assert info["terrain_level"].tolist() == [0.0] * 5
+    assert (rough._base_state()["height"] > 0.2).all()
+    origins = rough.terrain.origins[0, rough.terrain_cols, :2]
+    assert np.abs(rough.engine.get("qpos")[:, :2] - origins).max() < 1.0
+
+
+# the terrain curriculum's level moves, its switch and exact resume: tests/test_sim_go1.py
+# runs them on the quadruped's terrain too (ON_TERRAIN)
+
+
+def test_bad_terrain_options_are_refused():
+    with pytest.raises(ValueError, match="unknown terrain fields"):
+        sim.make("quadruped", 1, terrain={"levels": 3})
+    with pytest.raises(ValueError, match="level needs a terrain"):
+        sim.make("quadruped", 1, level=2)

@@ -1,5 +1,5 @@
 """Unitree Go1 velocity tracking, on flat ground (`go1`) and on rough terrain with a
-terrain curriculum (`go1_rough`).
+terrain curriculum (`go1_rough`, sim/tasks/terrain_ground.py).
 
 The robot is the Go1 MJCF that setup installs (`python -m sim.robot_assets install`;
 docs/robots.md says where it comes from). The file has the bodies, joints, inertias
@@ -13,7 +13,6 @@ observations, rewards, commands, sim-to-real models.
 from __future__ import annotations
 
 import os
-from dataclasses import fields
 
 import mujoco
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from sim.randomization import SimToRealConfig
 from sim.robot_assets import go1_model_dir
 from sim.tasks.quadruped import JOINTS, LEGS, Quadruped
-from sim.terrain import Terrain, TerrainConfig, next_levels
+from sim.terrain import TerrainConfig
 
 # Unitree's motor data for the Go1 (go1_description URDF; Unitree's specifications):
 # every joint has the same rotor behind a 6:1 gearbox, the knee adds a 1.5:1 linkage
@@ -178,35 +177,21 @@ class Go1(Quadruped):
 
     def _load_model(self) -> tuple[mujoco.MjModel, str]:
         spec = self._robot_spec()
-        add_floor(spec)
-        return spec.compile(), self.model_path or "go1.xml (installed)"
+        source = self.model_path or "go1.xml (installed)"
+        if self.terrain is None:
+            add_floor(spec)
+            return spec.compile(), source
+        ground = {"contype": 0, "conaffinity": 1, "friction": list(FLOOR_FRICTION)}
+        return self._compile_with_terrain(spec, material=_ground_material(spec), **ground), source
 
 
 class Go1Rough(Go1):
-    """The Go1 on a heightfield of tiles that get harder level by level (sim.terrain).
-
-    Each env has a column of the tile grid (a terrain kind) for good and a level: it
-    spawns at the centre of its tile, and when its episode ends it moves up a level if
-    it walked more than half a tile, down if it walked less than half of what its
-    commands asked for over an episode (`next_levels`). The mean level is the per-step
-    info term `terrain_level`. All envs share the heightfield, each in its own
-    simulation, so robots on the same tile pass through each other.
-
-    The actor observes what the robot measures, as on flat ground; the critic also
-    gets a height scan around the base (`height_scan`). Heights the flat task measures
-    from the floor (base height, foot contacts) are measured from the terrain under
-    the robot; the base touching the ground is MuJoCo's contact sensor.
+    """The Go1 on a heightfield of tiles that get harder level by level (sim.terrain),
+    with the terrain curriculum of sim/tasks/terrain_ground.py: the `go1` task with a
+    terrain by default (`terrain=` a dict of TerrainConfig fields changes the tiles).
     """
 
     name = "go1_rough"
-    # on stairs the ground under the base is not the ground the feet stand on: falls
-    # end episodes through the base's contacts and the tilt, not its height
-    min_base_height = -np.inf
-    spawn_jitter = 0.5  # m, uniform around the tile centre (the platforms span +-1 m)
-    spawn_clearance = 0.4  # m: spawn above the highest ground this close to the base
-    bounds_margin = 1.0  # m from the heightfield's edge: leaving it ends the episode
-    scan_x = np.linspace(-0.8, 0.8, 17)
-    scan_y = np.linspace(-0.5, 0.5, 11)
 
     def __init__(
         self,
@@ -215,134 +200,9 @@ class Go1Rough(Go1):
         device="cpu",
         s2r: SimToRealConfig | None = None,
         *,
-        terrain: TerrainConfig | dict | None = None,
-        terrain_seed: int = 0,
-        max_init_level: int = 4,
-        curriculum: bool = True,
-        height_scan: bool = True,
+        terrain: TerrainConfig | dict | bool | None = None,
         **kwargs,
     ):
-        if isinstance(terrain, dict):
-            known = {f.name for f in fields(TerrainConfig)}
-            unknown = set(terrain) - known
-            if unknown:
-                raise ValueError(
-                    f"unknown terrain fields {sorted(unknown)}; known: {sorted(known)}"
-                )
-            terrain = TerrainConfig(**terrain)
-        self.terrain = Terrain(terrain, seed=terrain_seed)
-        levels = self.terrain.cfg.num_levels
-        if not 0 <= max_init_level:
-            raise ValueError(f"max_init_level must be >= 0, got {max_init_level}")
-        self.max_init_level = min(int(max_init_level), levels - 1)
-        self.curriculum = bool(curriculum)
-        self.height_scan = bool(height_scan)
-        super().__init__(num_envs, seed, device, s2r, **kwargs)
-        n = self.num_envs
-        # legged_gym's assignment: each env keeps one column (kind), levels start low
-        self.terrain_cols = np.arange(n, dtype=np.int64) % self.terrain.cfg.num_cols
-        self.terrain_levels = self._rng.integers(0, self.max_init_level + 1, size=n)
-        self._spawn_xy = np.zeros((n, 2))
-        self._end_xy = np.zeros((n, 2))
-        self._asked = np.zeros(n)  # commanded planar distance so far this episode (m)
-        gx, gy = np.meshgrid(self.scan_x, self.scan_y, indexing="ij")
-        self._scan_points = np.stack([gx.ravel(), gy.ravel()], axis=1)
-        self.engine.get("sensordata")  # bound before the first reset, as in Quadruped
-
-    # ------------------------------------------------------------------ model
-    def _load_model(self) -> tuple[mujoco.MjModel, str]:
-        spec = self._robot_spec()
-        mat = _ground_material(spec)
-        self.terrain.add_to_spec(
-            spec, contype=0, conaffinity=1, friction=list(FLOOR_FRICTION), material=mat
-        )
-        spec.add_sensor(
-            name="base_contact",
-            type=mujoco.mjtSensor.mjSENS_CONTACT,
-            objtype=mujoco.mjtObj.mjOBJ_BODY,
-            objname=self.base_body,
-            reftype=mujoco.mjtObj.mjOBJ_GEOM,
-            refname="terrain",
-            intprm=[1, 0, 1],  # data "found", no reduction, one slot
-        )
-        m = spec.compile()
-        sid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SENSOR, "base_contact")
-        self._base_contact_adr = int(m.sensor_adr[sid])
-        return m, self.model_path or "go1.xml (installed)"
-
-    # ------------------------------------------------------------------ ground
-    def _ground_under(self, xy: np.ndarray) -> np.ndarray:
-        return self.terrain.height_at(xy)
-
-    def _base_touches_ground(self, base: dict, qpos: np.ndarray) -> np.ndarray:
-        return self.engine.get("sensordata")[:, self._base_contact_adr] > 0
-
-    # ------------------------------------------------------------------ observations
-    def _task_obs_terms(self):
-        terms = super()._task_obs_terms()
-        if self.height_scan:
-            terms["critic"] = terms["critic"] + [
-                ("height_scan", len(self.scan_x) * len(self.scan_y))
-            ]
-        return terms
-
-    def _task_obs(self):
-        obs = super()._task_obs()
-        if self.height_scan:
-            obs["height_scan"] = self._scan()
-        return obs
-
-    def _scan(self) -> np.ndarray:
-        """Base height above the ground at points of a grid around it, turned with its
-        heading (legged_gym's measured heights), less the standing height."""
-        qpos = self.engine.get("qpos")
-        w, x, y, z = qpos[:, 3], qpos[:, 4], qpos[:, 5], qpos[:, 6]
-        yaw = np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-        c, s = np.cos(yaw)[:, None], np.sin(yaw)[:, None]
-        px, py = self._scan_points[:, 0], self._scan_points[:, 1]
-        pts = np.stack([qpos[:, 0:1] + c * px - s * py, qpos[:, 1:2] + s * px + c * py], axis=-1)
-        rel = qpos[:, 2:3] - self.terrain.height_at(pts) - self._reset_qpos[2]
-        return np.clip(rel, -1.0, 1.0)
-
-    # ------------------------------------------------------------------ episodes
-    def _task_reward(self, pre, actions):
-        # the command in force during this step, before the parent may draw a new one
-        self._asked += np.linalg.norm(self.commands[:, :2], axis=1) * self.dt
-        reward, terminated, extras = super()._task_reward(pre, actions)
-        xy = self.engine.get("qpos")[:, 0:2]
-        self._end_xy[...] = xy
-        x0, x1, y0, y1 = self.terrain.extent
-        m = self.bounds_margin
-        outside = (
-            (xy[:, 0] < x0 + m) | (xy[:, 0] > x1 - m) | (xy[:, 1] < y0 + m) | (xy[:, 1] > y1 - m)
-        )
-        extras["terrain_level"] = self.terrain_levels.astype(np.float64)
-        return reward, terminated | outside, extras
-
-    def _task_reset(self, ids, rng):
-        ended = ids[self.episode_length[ids] > 0]
-        if self.curriculum and len(ended):
-            walked = np.linalg.norm(self._end_xy[ended] - self._spawn_xy[ended], axis=1)
-            left = (self.max_episode_steps - self.episode_length[ended]) * self.dt
-            asked = self._asked[ended] + np.linalg.norm(self.commands[ended, :2], axis=1) * left
-            self.terrain_levels[ended] = next_levels(
-                self.terrain_levels[ended],
-                walked,
-                asked,
-                self.terrain.cfg.tile_size,
-                self.terrain.cfg.num_levels,
-                rng,
-            )
-        super()._task_reset(ids, rng)  # the standing pose at the origin, heading, command
-        k = len(ids)
-        origin = self.terrain.origins[self.terrain_levels[ids], self.terrain_cols[ids]]
-        xy = origin[:, 0:2] + rng.uniform(-self.spawn_jitter, self.spawn_jitter, size=(k, 2))
-        qpos = self.engine.get("qpos")[ids].copy()
-        qpos[:, 0:2] = xy
-        # the pose was settled on flat ground at height 0: lift it onto the highest ground
-        # under the robot so that no foot starts inside a bump or a step
-        qpos[:, 2] += self.terrain.max_height_around(xy, self.spawn_clearance)
-        self.engine.set("qpos", qpos, ids)
-        self._spawn_xy[ids] = xy
-        self._end_xy[ids] = xy
-        self._asked[ids] = 0.0
+        if terrain is None or terrain is False:  # the task is its terrain
+            terrain = True
+        super().__init__(num_envs, seed, device, s2r, terrain=terrain, **kwargs)

@@ -11,6 +11,14 @@ per joint, foot geoms <leg>_foot, a keyframe "home" and a flat floor at z = 0.
 A subclass may name the base body and the feet otherwise (`base_body`, `foot_geoms`),
 build its model in code (`_load_model`) and stand on uneven ground (`_ground_under`,
 `_base_touches_ground`); sim/tasks/go1.py does all four.
+
+Beside the reward terms the task declares constraints (CONSTRAINT_LIMITS: joint range,
+torque, joint speed, step length, tilt) and reports their violations every step, for
+constraints as terminations (training.constraints). `command_curriculum=L` splits the
+command ranges into L levels: each env draws from (level + 1) / L of them and moves a
+level up or down at the end of each episode by how well it tracked. `terrain=` puts
+the robot on sim/terrain.py's heightfield with its terrain curriculum instead of the
+flat floor (sim/tasks/terrain_ground.py; flat by default).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import numpy as np
 from sim.mjcf import load_model, require_names
 from sim.randomization import SimToRealConfig
 from sim.spec import JointIndices, RobotDescription
+from sim.tasks.terrain_ground import TerrainGround
+from sim.terrain import TerrainConfig
 from sim.vec_env import MujocoVecEnv
 
 LEGS = ("FL", "FR", "RL", "RR")
@@ -43,6 +53,17 @@ REWARD_WEIGHTS = {
     "dof_acc": -2.5e-7,
     "action_rate": -0.01,
     "feet_air_time": 1.0,
+}
+
+# Constraints (training.constraints, CaT) beside the reward terms: name -> limit. Each
+# step the task reports how far each is violated (info "cstr_<name>", 0 when it holds,
+# the worst joint or foot of the robot otherwise).
+CONSTRAINT_LIMITS = {
+    "joint_pos": 0.95,  # fraction of each joint's range, around its middle
+    "torque": 0.8,  # fraction of each actuator's torque limit
+    "joint_vel": 15.0,  # rad/s
+    "foot_air_time": 0.25,  # s: a step that lands sooner than this is too short
+    "orientation": 0.5,  # sine of the base's tilt from upright
 }
 
 Range = tuple[float, float]
@@ -103,14 +124,31 @@ def _check_range(name: str, r) -> Range:
     return lo, hi
 
 
-class Quadruped(MujocoVecEnv):
-    """Velocity-command locomotion for a 12-joint quadruped on flat ground."""
+def _over_defaults(
+    what: str, defaults: dict[str, float], given: dict[str, float] | None, positive: bool = False
+) -> dict[str, float]:
+    """`defaults` with `given` over them; ValueError naming unknown names (or, with
+    `positive`, values that are not numbers > 0)."""
+    given = given or {}
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown {what} {sorted(unknown)}; known: {sorted(defaults)}")
+    for k, v in given.items():
+        if positive and (isinstance(v, bool) or not isinstance(v, int | float) or not v > 0):
+            raise ValueError(f"{what}[{k!r}] must be a number > 0, got {v!r}")
+    return {**defaults, **{k: float(v) for k, v in given.items()}}
+
+
+class Quadruped(TerrainGround, MujocoVecEnv):
+    """Velocity-command locomotion for a 12-joint quadruped on flat ground, or on a
+    heightfield with a terrain curriculum (`terrain=`; TerrainGround)."""
 
     name = "quadruped"
     frame_skip = 10  # 500 Hz physics, 50 Hz policy
     max_episode_steps = 1000  # 20 s
     base_body = "base"
     foot_geoms: tuple[str, ...] = FEET  # in LEGS order
+    constraint_names = tuple(CONSTRAINT_LIMITS)
 
     action_scale = 0.25
     # command ranges: forward (m/s), lateral (m/s), yaw rate (rad/s), body frame
@@ -130,6 +168,11 @@ class Quadruped(MujocoVecEnv):
     # legged_gym's clip of the summed reward at zero: with the penalties dominating early
     # on, a negative step reward teaches the robot to fall as soon as it can
     only_positive_rewards = True
+    # command curriculum: an env whose episode tracked the command this well (mean of the
+    # tracking kernel over a whole episode, a fall counting as zero from then on) moves up
+    # a level, one that tracked worse than the lower mark moves down
+    curriculum_up = 0.8
+    curriculum_down = 0.5
 
     def __init__(
         self,
@@ -146,8 +189,19 @@ class Quadruped(MujocoVecEnv):
         command_resample_s: float | None = None,
         reward_weights: dict[str, float] | None = None,
         only_positive_rewards: bool | None = None,
+        constraint_limits: dict[str, float] | None = None,
+        command_curriculum: int = 0,
+        terrain: TerrainConfig | dict | bool | None = None,
+        terrain_seed: int = 0,
+        max_init_level: int = 4,
+        level: int | None = None,
+        curriculum: bool = True,
+        height_scan: bool = True,
         **kwargs,
     ):
+        self._configure_terrain(
+            terrain, terrain_seed, max_init_level, level, curriculum, height_scan
+        )
         self.model_path = None if model_path is None else os.fspath(model_path)
         for name, r in (("command_vx", command_vx), ("command_vy", command_vy)):
             if r is not None:
@@ -168,17 +222,24 @@ class Quadruped(MujocoVecEnv):
                     f"fixed_command must be 3 finite numbers (vx, vy, yaw rate), got {fixed_command!r}"
                 )
             self.fixed_command = fc
-        self.reward_weights = dict(REWARD_WEIGHTS)
-        if reward_weights:
-            unknown = set(reward_weights) - set(REWARD_WEIGHTS)
-            if unknown:
-                raise ValueError(
-                    f"unknown reward terms {sorted(unknown)}; known: {sorted(REWARD_WEIGHTS)}"
-                )
-            self.reward_weights.update({k: float(v) for k, v in reward_weights.items()})
+        self.reward_weights = _over_defaults("reward terms", REWARD_WEIGHTS, reward_weights)
+        if isinstance(command_curriculum, bool) or not (
+            isinstance(command_curriculum, int) and command_curriculum >= 0
+        ):
+            raise ValueError(
+                f"command_curriculum must be a number of levels >= 0, got {command_curriculum!r}"
+            )
+        self.command_curriculum = command_curriculum
+        self.constraint_limits = _over_defaults(
+            "constraints", CONSTRAINT_LIMITS, constraint_limits, positive=True
+        )
         super().__init__(num_envs, seed, device, s2r, **kwargs)
         n = self.num_envs
         self.commands = np.zeros((n, 3))
+        # per env: its command level (level l draws from the ranges times (l + 1) / levels)
+        # and the episode's summed tracking kernel, which moves it
+        self.command_levels = np.zeros(n, dtype=np.int64)
+        self._tracking_sum = np.zeros(n)
         self.feet_air_time = np.zeros((n, len(self.foot_geoms)))
         self.last_contacts = np.zeros((n, len(self.foot_geoms)), dtype=bool)
         self._prev_applied = np.zeros((n, self.action_spec.size))
@@ -190,6 +251,8 @@ class Quadruped(MujocoVecEnv):
         # bind what the reward reads now, so that the forward() of the first reset fills it
         for name in ("geom_xpos", "actuator_force"):
             self.engine.get(name)
+        if self.terrain is not None:
+            self._init_terrain_state()
 
     # ------------------------------------------------------------------ model
     @classmethod
@@ -222,7 +285,26 @@ class Quadruped(MujocoVecEnv):
     def _load_model(self) -> tuple[mujoco.MjModel, str]:
         """The compiled model and a name for it in error messages."""
         path = self.model_path or DEFAULT_MODEL
-        return load_model(path), path
+        if self.terrain is None:
+            return load_model(path), path
+        load_model(path)  # its errors, which name the file
+        spec = mujoco.MjSpec.from_file(os.path.expanduser(path))
+        # the heightfield replaces the file's floor planes, and takes over their contact
+        # settings and look
+        planes = [g for g in spec.worldbody.geoms if g.type == mujoco.mjtGeom.mjGEOM_PLANE]
+        ground = {"contype": 0, "conaffinity": 1}
+        if planes:
+            p = planes[0]
+            ground = {
+                "contype": p.contype,
+                "conaffinity": p.conaffinity,
+                "condim": p.condim,
+                "friction": list(p.friction),
+                "material": p.material,
+            }
+        for p in planes:
+            spec.delete(p)
+        return self._compile_with_terrain(spec, **ground), path
 
     def _settled_pose(self, m: mujoco.MjModel, seconds: float = 1.0) -> np.ndarray:
         """The home pose after the robot has settled on its PD targets (nominal model).
@@ -388,6 +470,8 @@ class Quadruped(MujocoVecEnv):
             ],
             axis=1,
         )
+        if self.command_curriculum:
+            cmd *= ((self.command_levels[ids] + 1) / self.command_curriculum)[:, None]
         cmd[:, :2] *= (np.linalg.norm(cmd[:, :2], axis=1) >= self.command_zero_below)[:, None]
         self.commands[ids] = cmd
 
@@ -395,10 +479,14 @@ class Quadruped(MujocoVecEnv):
     def _ground_under(self, xy: np.ndarray) -> np.ndarray | float:
         """Ground height under the world points `xy` (..., 2): the flat floor here; a
         task on uneven terrain returns an array of shape xy.shape[:-1]."""
+        if self.terrain is not None:
+            return self.terrain.height_at(xy)
         return self.floor_height
 
     def _base_touches_ground(self, base: dict, qpos: np.ndarray) -> np.ndarray:
         """Per env, whether a collision geom of the base touches the ground."""
+        if self.terrain is not None:
+            return self._terrain_base_contact()
         return self._base_lowest_point(base, qpos) < self.base_contact_margin
 
     # ------------------------------------------------------------------ state
@@ -469,13 +557,16 @@ class Quadruped(MujocoVecEnv):
             ("motor_strength", nj),
             ("base_height", 1),
         ]
-        return {"policy": policy, "critic": critic}
+        terms = {"policy": policy, "critic": critic}
+        if self.terrain is not None:
+            self._terrain_obs_terms(terms)
+        return terms
 
     def _task_obs(self):
         base = self._base_state()
         jpos, jvel = self._joint_state()
         r = self.randomizer
-        return {
+        obs = {
             "base_ang_vel": base["ang_vel"],
             "projected_gravity": base["gravity"],
             "command": self.commands,
@@ -488,6 +579,9 @@ class Quadruped(MujocoVecEnv):
             "motor_strength": r.strength[:, self._act],
             "base_height": base["height"][:, None],
         }
+        if self.terrain is not None and self.height_scan:
+            obs["height_scan"] = self._scan()
+        return obs
 
     def _task_ctrl(self, actions: np.ndarray) -> np.ndarray:
         low, high = self.action_spec.low, self.action_spec.high
@@ -498,6 +592,8 @@ class Quadruped(MujocoVecEnv):
         return ctrl
 
     def _task_reward(self, pre, actions):
+        if self.terrain is not None:
+            self._terrain_ask()  # the command in force during this step, before a new draw
         w, dt = self.reward_weights, self.dt
         base = self._base_state()
         qpos = self.engine.get("qpos")
@@ -514,6 +610,10 @@ class Quadruped(MujocoVecEnv):
         self.feet_air_time += dt
         air = ((self.feet_air_time - self.feet_air_time_target) * first_contact).sum(axis=1)
         air *= np.linalg.norm(cmd[:, :2], axis=1) > 0.1
+        # a step's air time at touchdown, before it is cleared: the air-time constraint
+        short_step = (
+            (self.constraint_limits["foot_air_time"] - self.feet_air_time) * first_contact
+        ).max(axis=1)
         self.feet_air_time *= ~contact_filt
         terms = {
             "tracking_lin_vel": np.exp(-lin_err2 / self.tracking_sigma),
@@ -532,6 +632,10 @@ class Quadruped(MujocoVecEnv):
             reward = np.maximum(reward, 0.0)
         extras["lin_vel_error"] = np.sqrt(lin_err2)
         extras["ang_vel_error"] = np.sqrt(yaw_err2)
+        extras.update(self._constraint_violations(base, qpos, jvel, tau, short_step))
+        if self.command_curriculum:
+            self._tracking_sum += terms["tracking_lin_vel"]
+            extras["command_level"] = self.command_levels.astype(np.float64)
         self._last_joint_vel = jvel
         self._prev_applied = actions.copy()
         # terminations: the trunk touches the floor, sinks too low, or tips over
@@ -543,10 +647,48 @@ class Quadruped(MujocoVecEnv):
         if self.fixed_command is None and self._resample_steps is not None:
             due = np.nonzero((self.episode_length + 1) % self._resample_steps == 0)[0]
             self._sample_commands(due, self._rng)
+        if self.terrain is not None:
+            terminated = terminated | self._terrain_step(extras)
         return reward, terminated, extras
+
+    def _constraint_violations(self, base, qpos, jvel, tau, short_step) -> dict[str, np.ndarray]:
+        """How far each constraint of CONSTRAINT_LIMITS is violated, per env (>= 0)."""
+        lim = self.constraint_limits
+        lo, hi = self._jrange[:, 0], self._jrange[:, 1]
+        mid, half = (lo + hi) / 2, (hi - lo) / 2 * lim["joint_pos"]
+        q = qpos[:, self._jqpos]
+        with np.errstate(invalid="ignore"):  # unlimited joints: inf - inf
+            beyond = np.nan_to_num(np.abs(q - mid) - half, nan=0.0, neginf=0.0)
+        force = np.abs(tau[:, self._act])
+        torque = force - lim["torque"] * self.robot.torque_limit
+        return {
+            "cstr_joint_pos": np.maximum(beyond, 0.0).max(axis=1),
+            "cstr_torque": np.maximum(torque, 0.0).max(axis=1),
+            "cstr_joint_vel": np.maximum(np.abs(jvel) - lim["joint_vel"], 0.0).max(axis=1),
+            "cstr_foot_air_time": np.maximum(short_step, 0.0),
+            "cstr_orientation": np.maximum(
+                np.linalg.norm(base["gravity"][:, :2], axis=1) - lim["orientation"], 0.0
+            ),
+        }
+
+    def _command_curriculum(self, ids: np.ndarray) -> None:
+        """Move the command level of the envs among `ids` whose episode just ended."""
+        ended = ids[self.episode_length[ids] > 0]
+        if self.command_curriculum and len(ended):
+            tracking = self._tracking_sum[ended] / self.max_episode_steps
+            step = (tracking > self.curriculum_up).astype(np.int64) - (
+                tracking < self.curriculum_down
+            )
+            self.command_levels[ended] = np.clip(
+                self.command_levels[ended] + step, 0, self.command_curriculum - 1
+            )
+        self._tracking_sum[ids] = 0.0
 
     def _task_reset(self, ids, rng):
         # the settled standing pose, turned to a random heading, joints jittered
+        if self.terrain is not None:
+            self._terrain_curriculum(ids, rng)
+        self._command_curriculum(ids)
         k = len(ids)
         qpos = np.repeat(self._reset_qpos[None], k, axis=0)
         qpos[:, 0:2] = 0.0
@@ -566,3 +708,5 @@ class Quadruped(MujocoVecEnv):
         self.last_contacts[ids] = False
         self._prev_applied[ids] = 0.0
         self._last_joint_vel[ids] = 0.0
+        if self.terrain is not None:
+            self._place_on_terrain(ids, rng)
