@@ -411,6 +411,13 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from training.artifacts import evaluate_source
 
     a = args
+    if a.stress:
+        return _eval_stress(a)
+    stress_only = [
+        f for f, v in (("--shifts", a.shifts), ("--seconds", a.seconds), ("--plot", a.plot)) if v
+    ]
+    if stress_only:
+        raise ValueError(f"{', '.join(stress_only)} only apply with --stress")
     stats = evaluate_source(
         a.source,
         task=a.task,
@@ -444,6 +451,32 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 3
+    return 0
+
+
+def _eval_stress(a: argparse.Namespace) -> int:
+    """`sim2real eval --stress`: the robustness matrix of one policy (training.robustness)."""
+    from training.robustness import format_matrix, plot_matrix, robustness_matrix
+
+    options = {
+        "--task": a.task,
+        "--randomize": a.randomize,
+        "--s2r": a.s2r,
+        "--task-args": a.task_args,
+        "--video": a.video,
+    }
+    given = [flag for flag, value in options.items() if value]
+    if given:
+        raise ValueError(f"--stress sets the world of every cell itself; drop {', '.join(given)}")
+    seconds = 10.0 if a.seconds is None else a.seconds
+    result = robustness_matrix(
+        a.source, a.shifts, episodes=a.episodes, seconds=seconds, seed=a.seed
+    )
+    if a.plot:
+        result["plot"] = str(plot_matrix(result, a.plot))
+    print(json.dumps(result) if a.json else format_matrix(result))
+    if a.plot and not a.json:
+        print(f"heatmap: {result['plot']}")
     return 0
 
 
@@ -617,6 +650,30 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="OUT.mp4",
         help="also record the first episode (env 0) into this MP4, rendered offscreen",
+    )
+    s.add_argument(
+        "--stress",
+        action="store_true",
+        help="the robustness matrix instead: --episodes per cell of shifts beyond the training "
+        "ranges (added mass, friction, motor strength, PD gains, latency, noise, pushes, "
+        "terrain), fall rate and tracking error per cell",
+    )
+    s.add_argument(
+        "--shifts",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="with --stress: the rows and their levels, e.g. '{\"friction\": [1, 0.3], "
+        "\"latency\": [0, 3]}' (default: every shift at its default levels)",
+    )
+    s.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="with --stress: horizon of each episode in seconds (default 10)",
+    )
+    s.add_argument(
+        "--plot", default=None, metavar="OUT.png", help="with --stress: write the heatmap here"
     )
     s.set_defaults(handler=cmd_eval)
 

@@ -51,7 +51,17 @@ def _build_ppo(cfg: Any, policy: Any, env, device: torch.device, world: int) -> 
     if ppo.schedule in ("linear", "cosine") and ppo.total_updates is None:
         # a decaying rate spans the run's step budget, which a resume may extend
         per_update = env.num_envs * ppo.num_steps * world
-        total = max(1, math.ceil(cfg.run.total_steps / per_update))
+        iterations = max(1, math.ceil(cfg.run.total_steps / per_update))
+        adversary = getattr(cfg, "adversary", None)
+        if adversary is not None and adversary.enabled:
+            # RARL: the protagonist updates in its phases only, iterations 0..n-1 of a cycle
+            full, rest = divmod(iterations, adversary.cycle)
+            total = full * adversary.protagonist_iterations + min(
+                rest, adversary.protagonist_iterations
+            )
+        else:
+            total = iterations
+        total = max(1, total)
         ppo = dataclasses.replace(ppo, total_updates=max(total, ppo.warmup_updates + 1))
     return PPO(
         policy,

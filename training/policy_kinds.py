@@ -320,9 +320,18 @@ class LoadedPolicy:
         randomize: bool = False,
         deterministic: bool = True,
         wrap: Callable[[ActFn, Any], ActFn] | None = None,
+        max_steps: int | None = None,
     ) -> dict[str, Any]:
         return evaluate_policy(
-            self.policy, self.cfg, self.kind.family, episodes, seed, randomize, deterministic, wrap
+            self.policy,
+            self.cfg,
+            self.kind.family,
+            episodes,
+            seed,
+            randomize,
+            deterministic,
+            wrap,
+            max_steps,
         )
 
     def with_env_options(
@@ -388,16 +397,18 @@ def evaluate_policy(
     randomize: bool = False,
     deterministic: bool = True,
     wrap: Callable[[ActFn, Any], ActFn] | None = None,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
     """Episode statistics of a policy's inference module in its task's env (one episode
     per env, see sim.evaluation). ``wrap(act, env)``: an act function around the
-    policy's, e.g. one that records a video."""
+    policy's, e.g. one that records a video. ``max_steps``: stop the episodes after this
+    many control steps (None: run them to their end)."""
     env = make_env(cfg, episodes, seed, randomize, obs_history=family.obs_history(cfg))
     try:
         was_training = policy.training
         policy.eval()
         act = family.actor(policy, env.num_envs, deterministic, seed)
-        stats = evaluate(wrap(act, env) if wrap is not None else act, env, episodes)
+        stats = evaluate(wrap(act, env) if wrap is not None else act, env, episodes, max_steps)
         policy.train(was_training)
     finally:
         env.close()

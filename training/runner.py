@@ -25,8 +25,10 @@ import torch
 import torch.distributed as dist
 
 from deploy.files import atomic_write
+from training.adversary import Adversary
 from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
 from training.config import ConfigError, config_hash, to_dict
+from training.constraints import ConstraintsConfig, ConstraintTerminations
 from training.learners import LEARNERS, OnPolicyLearner
 from training.logger import RunLogger
 from training.policy_kinds import (
@@ -108,6 +110,26 @@ class OnPolicyRunner:
                     dist.broadcast(t, src=0)
         self.policy.train()
         self.section = getattr(cfg, self.learner.section)
+        # constraints as terminations: on with constraints.enabled; the violations of a task
+        # that declares constraints are logged either way
+        constraints = getattr(cfg, "constraints", None) or ConstraintsConfig()
+        names = tuple(getattr(self.env, "constraint_names", ()))
+        self.constraints = (
+            ConstraintTerminations(constraints, names, cfg.env.task)
+            if names or constraints.enabled
+            else None
+        )
+        # adversarial disturbances (RARL, training.adversary): on with adversary.enabled
+        adversary = getattr(cfg, "adversary", None)
+        self.adversary = (
+            Adversary(adversary, self.section, self.env, self.device)
+            if adversary is not None and adversary.enabled
+            else None
+        )
+        if self.adversary is not None and self.distributed:
+            with torch.no_grad():
+                for t in self.adversary.policy.state_dict().values():
+                    dist.broadcast(t, src=0)
         self._low = torch.as_tensor(self.env.action_spec.low, dtype=torch.float32).to(self.device)
         self._high = torch.as_tensor(self.env.action_spec.high, dtype=torch.float32).to(self.device)
         self.iteration = 0
@@ -156,6 +178,8 @@ class OnPolicyRunner:
             "env_steps": self.env_steps,
             **self.logger.state_dict(),
             "eval_history": list(self.eval_history),
+            "constraints": None if self.constraints is None else self.constraints.state_dict(),
+            "adversary": None if self.adversary is None else self.adversary.state_dict(),
             "world_size": self.world,
             "rank": self.rank,
         }
@@ -212,6 +236,14 @@ class OnPolicyRunner:
         self.env_steps = int(ck["env_steps"])
         self.logger.load_state_dict(ck)
         self.eval_history = list(ck.get("eval_history", []))
+        if self.constraints is not None and ck.get("constraints"):
+            self.constraints.load_state_dict(ck["constraints"], self.device)
+        if self.adversary is not None:
+            if not ck.get("adversary"):
+                raise CheckpointError(
+                    f"{src} was trained without an adversary; resume with adversary.enabled=false"
+                )
+            self.adversary.load_state_dict(ck["adversary"])
         self.logger.truncate_after(self.env_steps)
 
     # ------------------------------------------------------------------ training
@@ -220,10 +252,16 @@ class OnPolicyRunner:
         with torch.no_grad():
             for _ in range(self.section.num_steps):
                 actions = self.alg.act(obs)
+                if self.adversary is not None:
+                    self.adversary.act(obs)
                 obs, reward, terminated, truncated, info = self.env.step(
                     torch.clamp(actions, self._low, self._high)
                 )
+                if self.constraints is not None:
+                    reward = self.constraints.step(reward, info)
                 self.alg.process_env_step(obs, reward, terminated, truncated, info)
+                if self.adversary is not None:
+                    self.adversary.process_env_step(obs, reward, terminated, truncated, info)
                 self.logger.record_env_step(info)
         self.obs = obs
         return self.logger.end_rollout()
@@ -242,7 +280,16 @@ class OnPolicyRunner:
         t0 = time.perf_counter()
         env_terms = self._rollout()
         t1 = time.perf_counter()
-        stats = self.alg.update()
+        adversary_learns = self.adversary is not None and self.adversary.cfg.adversary_learns(
+            self.iteration
+        )
+        if adversary_learns:  # the protagonist is frozen: its rollout is dropped
+            self.alg.storage.clear()
+            stats: dict[str, float] = {}
+        else:
+            stats = self.alg.update()
+        if self.adversary is not None:
+            env_terms.update(self.adversary.end_rollout(adversary_learns))
         t2 = time.perf_counter()
         self.iteration += 1
         self.env_steps += self.steps_per_iteration

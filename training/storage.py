@@ -101,7 +101,8 @@ class RolloutStorage:
         self.mean = zeros(self.action_size)
         self.std = zeros(self.action_size)
         self.rewards = zeros()
-        self.terminated = zeros(dt=torch.bool)
+        # a probability (constraints as terminations); 1.0 for a real termination
+        self.terminated = zeros()
         self.dones = zeros(dt=torch.bool)
         self.next_values = zeros()
         self.advantages = zeros()
@@ -290,7 +291,7 @@ class ChunkRolloutStorage:
         self.obs = {k: torch.zeros(t, n, int(s), **z) for k, s in obs_sizes.items()}
         self.values = torch.zeros(t, n, **z)
         self.rewards = torch.zeros(t, n, **z)
-        self.terminated = torch.zeros(t, n, dtype=torch.bool, **z)
+        self.terminated = torch.zeros(t, n, **z)  # a probability, as in RolloutStorage
         self.dones = torch.zeros(t, n, dtype=torch.bool, **z)
         self.next_values = torch.zeros(t, n, **z)
         self.chunk_index = torch.zeros(t, n, dtype=torch.long, **z)

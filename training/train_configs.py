@@ -21,12 +21,14 @@ from policies.flow import FlowConfig
 from policies.gaussian import ActorCriticConfig
 from sim.randomization import SimToRealConfig
 from sim.registry import sim_to_real_config, task_options
+from training.adversary import AdversaryConfig
 from training.algorithms.bc import BCConfig
 from training.algorithms.dppo import DPPOConfig
 from training.algorithms.fpo import FPOConfig
 from training.algorithms.ppo import PPOConfig
 from training.algorithms.reinflow import ReinFlowConfig
 from training.config import ConfigError, FieldChecks, apply_overrides
+from training.constraints import ConstraintsConfig
 from training.presets import DPPO_PRESETS, PPO_PRESETS
 
 __all__ = [
@@ -182,6 +184,8 @@ class PPOTrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: ActorCriticConfig = field(default_factory=ActorCriticConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
+    adversary: AdversaryConfig = field(default_factory=AdversaryConfig)
     run: RunConfig = field(default_factory=RunConfig)
     algo: str = "ppo"
     """The learner (fixed by the command)."""
@@ -196,6 +200,7 @@ class DPPOTrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
     policy: DiffusionConfig = field(default_factory=DiffusionConfig)
     dppo: DPPOConfig = field(default_factory=DPPOConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
     run: RunConfig = field(
         default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
     )
@@ -264,6 +269,7 @@ class ReinFlowTrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
     policy: FlowConfig = field(default_factory=FlowConfig)
     reinflow: ReinFlowConfig = field(default_factory=ReinFlowConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
     run: RunConfig = field(
         default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
     )
@@ -283,6 +289,7 @@ class FPOTrainConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=16, randomize=False))
     policy: FlowConfig = field(default_factory=FlowConfig)
     fpo: FPOConfig = field(default_factory=FPOConfig)
+    constraints: ConstraintsConfig = field(default_factory=ConstraintsConfig)
     run: RunConfig = field(
         default_factory=lambda: RunConfig(total_steps=200_000, checkpoint_every=10)
     )

@@ -130,6 +130,22 @@ class OnPolicyLearnerState:
         denormalize = None if self.value_normalizer is None else self.value_normalizer.denormalize
         return bootstrap_values(self.policy.value, next_obs, info, denormalize)
 
+    def _ends(
+        self, terminated: torch.Tensor, truncated: torch.Tensor, info: Mapping[str, Any] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(termination probability, dones) of an env step for the rollout storage.
+
+        The probability is 1 where the episode terminated, else the soft termination
+        probability the runner put in ``info["termination_prob"]`` (constraints as
+        terminations, training.constraints), else 0; only real ends are ``dones``.
+        """
+        hard = terminated.to(torch.bool)
+        prob = hard.to(torch.float32)
+        soft = None if info is None else info.get("termination_prob")
+        if soft is not None:
+            prob = torch.maximum(prob, soft.to(prob))
+        return prob, hard | truncated.to(torch.bool)
+
     def _value_loss(
         self, predicted: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor
     ) -> torch.Tensor:

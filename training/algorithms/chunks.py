@@ -234,8 +234,7 @@ class ChunkLearner(OnPolicyLearnerState):
     ) -> None:
         """Record the env's answer; envs whose episode ended start a new chunk next."""
         next_values = self._bootstrap(next_obs, info)
-        terminated = terminated.to(torch.bool)
-        dones = terminated | truncated.to(torch.bool)
+        terminated, dones = self._ends(terminated, truncated, info)
         self.storage.add_env_step(reward, terminated, dones, next_values)
         pos = self.position + 1
         pos = torch.where((pos >= self.act_steps) | dones, torch.zeros_like(pos), pos)

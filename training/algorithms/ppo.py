@@ -218,8 +218,7 @@ class PPO(OnPolicyLearnerState):
         terminations. The recurrent state of ended episodes is reset afterwards.
         """
         next_values = self._bootstrap(next_obs, info)
-        terminated = terminated.to(torch.bool)
-        dones = terminated | truncated.to(torch.bool)
+        terminated, dones = self._ends(terminated, truncated, info)
         self.storage.add_env_step(reward, terminated, dones, next_values)
         self.policy.reset_hidden(dones)
 

@@ -34,7 +34,13 @@ def gae(
     time-out still bootstraps from its last observation and a real termination does not:
 
         delta_t = r_t + gamma * (1 - terminated_t) * next_values_t - values_t
-        A_t     = delta_t + gamma * lam * (1 - dones_t) * A_{t+1}
+        A_t     = delta_t + gamma * lam * (1 - dones_t) * (1 - terminated_t) * A_{t+1}
+
+    ``terminated`` may be a float probability in [0, 1] (constraints as terminations,
+    training.constraints): the episode goes on, but everything after step t counts
+    (1 - terminated_t) times, in the bootstrap and in the lambda chain alike. Boolean
+    terminations (or their 0/1 floats) give the same numbers: the extra factor is 1
+    wherever the chain is not cut.
     """
     shape = rewards.shape
     for name, x in (
@@ -51,16 +57,24 @@ def gae(
         raise ValueError(f"gae: need at least one time step, got shape {tuple(shape)}")
     _check_unit_interval("gamma", gamma)
     _check_unit_interval("lam", lam)
-    term = terminated.to(torch.bool)
     done = dones.to(torch.bool)
-    if bool((term & ~done).any()):
-        raise ValueError(
-            "gae: a terminated step must also be done (dones = terminated | truncated)"
-        )
     dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
     rewards, values, next_values = (x.to(dtype) for x in (rewards, values, next_values))
-    not_term = (~term).to(dtype)
     carry = gamma * lam * (~done).to(dtype)
+    if terminated.is_floating_point():
+        # a probability of 1 that is not done is a hard constraint: the episode goes on
+        # in the simulator, but nothing after it counts
+        if bool(((terminated < 0) | (terminated > 1)).any()):
+            raise ValueError("gae: termination probabilities must lie in [0, 1]")
+        not_term = 1.0 - terminated.to(dtype)
+        carry = carry * not_term
+    else:
+        term = terminated.to(torch.bool)
+        if bool((term & ~done).any()):
+            raise ValueError(
+                "gae: a terminated step must also be done (dones = terminated | truncated)"
+            )
+        not_term = (~term).to(dtype)
     deltas = rewards + gamma * not_term * next_values - values
     advantages = torch.empty_like(deltas)
     running = torch.zeros_like(deltas[0])
