@@ -21,15 +21,15 @@ import numpy as np
 import torch
 
 from training.algorithms.bc import BC
-from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import save_checkpoint
 from training.config import ConfigError
 from training.demos import DatasetError, DemoDataset, load_demos
 from training.logger import RunLogger
 from training.policy_kinds import (
     CHECKPOINT_KINDS,
     architecture,
-    check_architecture,
     evaluate_policy,
+    load_run_checkpoint,
     make_env,
 )
 from training.run_control import train_loop
@@ -106,13 +106,7 @@ class BCRunner:
         return save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
 
     def _load(self, source: str | os.PathLike) -> None:
-        src = find_checkpoint(source)
-        ck = load_checkpoint(src)
-        if ck.get("kind") != self.kind.name:
-            raise CheckpointError(
-                f"{src} is a {ck.get('kind')!r} checkpoint, not a {self.kind.name} one"
-            )
-        check_architecture(ck["architecture"], self.arch, str(src))
+        _, ck = load_run_checkpoint(source, self.kind.name, self.arch)
         self.policy.load_state_dict(ck["policy"])
         self.bc.load_state_dict(ck["algorithm"])
         torch.set_rng_state(ck["torch_rng"])

@@ -34,6 +34,7 @@ TRAIN_ALGOS: dict[str, str] = {
     "reinflow": "fine-tune a pretrained flow policy with ReinFlow (--init a flow bc run)",
     "fpo": "train a flow policy with FPO, from scratch or from a flow bc run (--init)",
     "grpo": "GRPO-family fine-tuning of a language model on verifiable rewards",
+    "world-model": "a TD-MPC2-style latent world model with planning, off-policy from replay",
 }
 # the checkpoint kinds a train command's runs write, for --resume
 _KINDS = {
@@ -43,6 +44,7 @@ _KINDS = {
     "reinflow": ("reinflow",),
     "fpo": ("fpo",),
     "grpo": ("grpo",),
+    "world-model": ("world_model",),
 }
 # the learners that start from a pretrained run (--init), by their config class name
 _FINETUNE = {"dppo": "DPPOTrainConfig", "reinflow": "ReinFlowTrainConfig", "fpo": "FPOTrainConfig"}
@@ -155,6 +157,8 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
         return tc.build_ppo_config(task)
     if algo == "bc":
         return tc.build_bc_config(task, "", policy=known.policy)
+    if algo == "world-model":
+        return tc.build_world_model_config(task)
     if algo in _FINETUNE:
         cls = getattr(tc, _FINETUNE[algo])
         return cls(env=tc.EnvConfig(task=task, num_envs=16, randomize=False))
@@ -242,6 +246,8 @@ def _config_template(algo: str, a_policy: str = "diffusion") -> Any:
         return tc.PPOTrainConfig()
     if algo == "bc":
         return tc.BC_CONFIGS[a_policy]()
+    if algo == "world-model":
+        return tc.WorldModelTrainConfig()
     return getattr(tc, _FINETUNE[algo])()
 
 
@@ -271,6 +277,10 @@ def _new_config(
         from training.demos import load_demos
 
         cfg = build_bc_config(a.task or load_demos(a.data).task, a.data, overrides, a.policy)
+    elif algo == "world-model":
+        from training.train_configs import build_world_model_config
+
+        cfg = build_world_model_config(a.task or "cartpole", overrides)
     elif algo == "fpo" and not a.init:
         from training.train_configs import build_fpo_config
 
@@ -303,6 +313,10 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
         from training.bc_runner import BCRunner
 
         runner: Any = BCRunner(cfg, run_dir, resume=a.resume)
+    elif algo == "world-model":
+        from training.off_policy_runner import OffPolicyRunner
+
+        runner = OffPolicyRunner(cfg, run_dir, resume=a.resume)
     else:
         from training.runner import OnPolicyRunner
 
@@ -324,6 +338,9 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
             return STOPPED
         if main and not a.no_artifacts:
             finish_run(runner, summary)
+        if "eval_planner" in summary:  # world model: the planner beside the exported actor
+            ev = summary["eval_planner"]
+            print(f"planner eval: return {ev['return_mean']:.2f} ± {ev['return_std']:.2f}")
         if main and a.export:
             from training.export import export_run
 
@@ -411,6 +428,8 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
     from training.artifacts import evaluate_source
 
     a = args
+    if a.planner:
+        return _eval_planner(a)
     if a.stress:
         return _eval_stress(a)
     stress_only = [
@@ -451,6 +470,33 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 3
+    return 0
+
+
+def _eval_planner(a: argparse.Namespace) -> int:
+    """`sim2real eval RUN --planner`: a world-model run's MPPI planner instead of its
+    exported actor (the same episodes and seed as without the flag)."""
+    from training.off_policy_runner import evaluate_planner
+    from training.policy_kinds import load_policy
+
+    given = [f for f, v in (("--randomize", a.randomize), ("--video", a.video)) if v]
+    if given or str(a.source).endswith(".onnx"):
+        raise ValueError(
+            "--planner plans with a world-model run's checkpoint (not a .onnx file), in the "
+            f"nominal env{'; drop ' + ', '.join(given) if given else ''}"
+        )
+    loaded = load_policy(a.source, task=a.task).with_env_options(a.task_args, a.s2r)
+    if loaded.kind.name != "world_model":
+        raise ValueError(f"--planner needs a world-model run; {a.source} is a {loaded.kind.name}")
+    stats = evaluate_planner(loaded.policy, loaded.cfg, a.episodes, a.seed)
+    stats = {"task": loaded.cfg.env.task, "source": str(a.source), "planner": True, **stats}
+    if a.json:
+        print(json.dumps(stats))
+    else:
+        print(
+            f"{stats['task']}: return {stats['return_mean']:.2f} ± {stats['return_std']:.2f}, "
+            f"length {stats['length_mean']:.1f} over {stats['episodes']} episodes (MPPI planner)"
+        )
     return 0
 
 
@@ -643,6 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--zero-noise",
         action="store_true",
         help="generative policies: zero noise (one fixed draw) instead of seeded sampling",
+    )
+    s.add_argument(
+        "--planner",
+        action="store_true",
+        help="world-model runs: act with the MPPI planner over the learned model instead of "
+        "the actor that export writes (compare the two returns)",
     )
     s.add_argument("--json", action="store_true", help="print the statistics as JSON on stdout")
     s.add_argument(

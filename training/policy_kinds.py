@@ -25,6 +25,7 @@ from deploy.metadata import PolicyMetadata
 from policies.diffusion import DiffusionPolicy
 from policies.flow import FlowPolicy
 from policies.gaussian import ActorCritic
+from policies.world_model import WorldModel
 from sim.evaluation import ActFn, evaluate
 from sim.randomization import SimToRealConfig
 from sim.registry import make
@@ -41,6 +42,7 @@ from training.train_configs import (
     FPOTrainConfig,
     PPOTrainConfig,
     ReinFlowTrainConfig,
+    WorldModelTrainConfig,
     build_finetune_config,
 )
 
@@ -51,6 +53,7 @@ __all__ = [
     "PolicyFamily",
     "architecture",
     "check_architecture",
+    "load_run_checkpoint",
     "finetune_config_from",
     "evaluate_policy",
     "load_policy",
@@ -190,6 +193,24 @@ FLOW = PolicyFamily(
 )
 
 
+def _world_model(cfg: Any, env) -> WorldModel:
+    spec = env.action_spec
+    obs = env.observation_spec.groups["policy"].size
+    return WorldModel(obs, spec.size, cfg.policy, spec.low, spec.high)
+
+
+def _world_model_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
+    """A feed-forward actor (the policy prior without planning): the Gaussian contract."""
+    meta = _gaussian_metadata(ck, policy)
+    return dataclasses.replace(meta, extra={**meta.extra, "checkpoint_kind": str(ck["kind"])})
+
+
+# the exported actor is the policy prior: obs -> actions, nothing recurrent, no noise
+WORLD_MODEL = PolicyFamily(
+    "world_model", _world_model, lambda cfg: None, (), _gaussian_actor, _world_model_metadata
+)
+
+
 # ---------------------------------------------------------------------- checkpoint kinds
 def _weights(ck: Mapping[str, Any]) -> dict[str, Any]:
     return ck["policy"]
@@ -221,6 +242,7 @@ CHECKPOINT_KINDS: dict[str, CheckpointKind] = {
     "flow_bc": CheckpointKind("flow_bc", FLOW, FlowBCTrainConfig, _bc_weights),
     "reinflow": CheckpointKind("reinflow", FLOW, ReinFlowTrainConfig),
     "fpo": CheckpointKind("fpo", FLOW, FPOTrainConfig),
+    "world_model": CheckpointKind("world_model", WORLD_MODEL, WorldModelTrainConfig),
 }
 
 
@@ -292,6 +314,20 @@ def check_architecture(saved: Mapping[str, Any], here: Mapping[str, Any], source
                 f"checkpoint {source} was trained with {key}={saved.get(key)!r}, "
                 f"but this run has {key}={here.get(key)!r}"
             )
+
+
+def load_run_checkpoint(
+    source: str | os.PathLike, kind: str, arch: Mapping[str, Any]
+) -> tuple[Path, dict[str, Any]]:
+    """(path, payload) of the checkpoint a run of checkpoint kind ``kind`` and
+    architecture ``arch`` resumes from; CheckpointError if it is of another kind or
+    does not fit."""
+    src = find_checkpoint(source)
+    ck = load_checkpoint(src)
+    if ck.get("kind") != kind:
+        raise CheckpointError(f"{src} is a {ck.get('kind')!r} checkpoint, not a {kind} one")
+    check_architecture(ck["architecture"], arch, str(src))
+    return src, ck
 
 
 # ---------------------------------------------------------------------- using a checkpoint

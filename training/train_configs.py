@@ -19,17 +19,20 @@ import torch
 from policies.diffusion import DiffusionConfig
 from policies.flow import FlowConfig
 from policies.gaussian import ActorCriticConfig
+from policies.world_model import WorldModelConfig
 from sim.randomization import SimToRealConfig
 from sim.registry import sim_to_real_config, task_options
 from training.adversary import AdversaryConfig
 from training.algorithms.bc import BCConfig
 from training.algorithms.dppo import DPPOConfig
 from training.algorithms.fpo import FPOConfig
+from training.algorithms.mppi import PlannerConfig
 from training.algorithms.ppo import PPOConfig
 from training.algorithms.reinflow import ReinFlowConfig
+from training.algorithms.tdmpc import TDMPCConfig
 from training.config import ConfigError, FieldChecks, apply_overrides
 from training.constraints import ConstraintsConfig
-from training.presets import DPPO_PRESETS, PPO_PRESETS
+from training.presets import DPPO_PRESETS, PPO_PRESETS, WORLD_MODEL_PRESETS
 
 __all__ = [
     "BCRunConfig",
@@ -40,12 +43,15 @@ __all__ = [
     "ReinFlowTrainConfig",
     "EnvConfig",
     "PPOTrainConfig",
+    "OffPolicyRunConfig",
     "RunConfig",
     "SAMPLER_FIELDS",
+    "WorldModelTrainConfig",
     "build_bc_config",
     "build_finetune_config",
     "build_fpo_config",
     "build_ppo_config",
+    "build_world_model_config",
 ]
 
 
@@ -299,6 +305,45 @@ class FPOTrainConfig:
     """The learner (fixed by the command)."""
 
 
+@dataclass
+class OffPolicyRunConfig(RunConfig):
+    """The off-policy run: budget, checkpoints, evaluation, logging. An iteration is one
+    env step of every env with the updates it brings."""
+
+    total_steps: int = 100_000
+    """Env steps of the whole run (all envs together)."""
+    checkpoint_every: int = 2500
+    """Iterations between checkpoints (latest.pt only: it holds the replay buffer)."""
+    eval_every: int = 0
+    """Iterations between deterministic evaluations of the actor and of the planner
+    during training; 0: only at the end."""
+    log_every: int = 250
+    """Iterations between metric rows."""
+    eval_planner: bool = True
+    """At the end of the run also evaluate the planner (summary.json's eval_planner),
+    beside the actor that export writes."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        FieldChecks(self).ints("log_every")
+
+
+@dataclass
+class WorldModelTrainConfig:
+    """`sim2real train world-model`: a TD-MPC2-style latent world model with MPPI
+    planning, learned off-policy from replay; its policy prior is what exports."""
+
+    KIND: ClassVar[str] = "world_model"
+
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=4, randomize=False))
+    policy: WorldModelConfig = field(default_factory=WorldModelConfig)
+    tdmpc: TDMPCConfig = field(default_factory=TDMPCConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    run: OffPolicyRunConfig = field(default_factory=OffPolicyRunConfig)
+    algo: str = "world-model"
+    """The learner (fixed by the command)."""
+
+
 # Policy fields a fine-tuning run may change after pretraining (the sampler, not the
 # networks), by policy config.
 SAMPLER_FIELDS = ("sampler", "sample_steps", "eta")
@@ -374,6 +419,15 @@ def build_fpo_config(
     return apply_overrides(
         FPOTrainConfig(env=EnvConfig(task=task, num_envs=16, randomize=False)), overrides or []
     )
+
+
+def build_world_model_config(
+    task: str, overrides: list[str] | dict[str, Any] | None = None
+) -> WorldModelTrainConfig:
+    """Defaults, then the task's preset, then the user's overrides."""
+    cfg = WorldModelTrainConfig(env=EnvConfig(task=task, num_envs=4, randomize=False))
+    cfg = apply_overrides(cfg, WORLD_MODEL_PRESETS.get(task, {}))
+    return apply_overrides(cfg, overrides or [])
 
 
 BC_CONFIGS: dict[str, type] = {"diffusion": BCTrainConfig, "flow": FlowBCTrainConfig}

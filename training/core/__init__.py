@@ -1,4 +1,5 @@
-"""The optimizer core: one policy loss, advantage estimators, schedules, normalizers."""
+"""The optimizer core: one policy loss, advantage estimators, schedules, normalizers,
+two-hot value regression and return scaling."""
 
 from policies.normalization import (  # lives with the policies that embed it
     RunningMeanStd,
@@ -27,6 +28,7 @@ from training.core.losses import (
     policy_loss,
     value_loss,
 )
+from training.core.return_scale import PercentileScale
 from training.core.schedules import (
     AdaptiveKL,
     ConstantSchedule,
@@ -38,6 +40,7 @@ from training.core.schedules import (
     kl_early_stop,
     linear,
 )
+from training.core.twohot import symexp, symlog, two_hot, two_hot_decode, two_hot_loss
 
 __all__ = [
     "POLICY_LOSS_PRESETS",
@@ -45,6 +48,7 @@ __all__ = [
     "ConstantSchedule",
     "CosineSchedule",
     "LinearSchedule",
+    "PercentileScale",
     "UpdateGuard",
     "Warmup",
     "PolicyLossConfig",
@@ -67,6 +71,11 @@ __all__ = [
     "policy_loss",
     "prune_advantages",
     "rloo",
+    "symexp",
+    "symlog",
+    "two_hot",
+    "two_hot_decode",
+    "two_hot_loss",
     "value_loss",
     "variance_curriculum_weights",
     "zero_variance_fraction",
