@@ -4,7 +4,7 @@
 # requirement would otherwise pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS="${SIM2REAL_EXTRAS:-dev,sb3,llm,ros}"
+EXTRAS="${SIM2REAL_EXTRAS:-dev,sb3,llm,ros,gpu}"
 PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -225,7 +225,25 @@ class PoolEngine:
         return self._models[i] if self._per_env_models else self.model
 
 
-def make_engine(model: mujoco.MjModel, num_envs: int, nthread: int = 0, rne_post: bool = False):
+BACKENDS = ("c", "warp")
+
+
+def make_engine(
+    model: mujoco.MjModel,
+    num_envs: int,
+    nthread: int = 0,
+    rne_post: bool = False,
+    backend: str = "c",
+    device: str = "cpu",
+):
+    """The engine of `backend`: 'c' (C MuJoCo on CPU threads) or 'warp' (MuJoCo Warp on
+    `device`, sim.warp_engine)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown simulator backend {backend!r}; known: {list(BACKENDS)}")
+    if backend == "warp":
+        from sim.warp_engine import WarpEngine, warp_device
+
+        return WarpEngine(model, num_envs, warp_device(device), rne_post=rne_post)
     if rne_post:
         return PoolEngine(model, num_envs, nthread, rne_post=True)
     return BatchEngine(model, num_envs, nthread)

@@ -114,6 +114,7 @@ class MujocoVecEnv:
         dtype: torch.dtype = torch.float32,
         nan_action: str = "raise",
         max_episode_steps: int | None = None,
+        backend: str = "c",
     ):
         if not isinstance(num_envs, int | np.integer) or num_envs < 1:
             raise ValueError(f"num_envs must be a positive integer, got {num_envs!r}")
@@ -130,7 +131,16 @@ class MujocoVecEnv:
         self.s2r = s2r if s2r is not None else self.default_s2r()
         self.model = self._task_model()
         check_memory(self.model, self.num_envs, self.name)
-        self.engine = make_engine(self.model, self.num_envs, num_threads, rne_post=self.rne_post)
+        # backend "warp" steps the batch with MuJoCo Warp on `device` (sim.warp_engine)
+        self.backend = backend
+        self.engine = make_engine(
+            self.model,
+            self.num_envs,
+            num_threads,
+            rne_post=self.rne_post,
+            backend=backend,
+            device=str(self.device),
+        )
         self.physics_dt = float(self.model.opt.timestep)
         self.dt = self.physics_dt * self.frame_skip  # control period
         self._rng = np.random.default_rng(seed)

@@ -99,6 +99,7 @@ def make_env(
         s2r=s2r,
         num_threads=cfg.env.threads,
         max_episode_steps=cfg.env.max_episode_steps,
+        backend=cfg.env.backend,
         **cfg.env.task_args,
     )
 

@@ -20,6 +20,7 @@ from policies.diffusion import DiffusionConfig
 from policies.flow import FlowConfig
 from policies.gaussian import ActorCriticConfig
 from policies.world_model import WorldModelConfig
+from sim.engine import BACKENDS
 from sim.randomization import SimToRealConfig
 from sim.registry import sim_to_real_config, task_options
 from training.adversary import AdversaryConfig
@@ -70,6 +71,9 @@ class EnvConfig:
     """Episode length limit; None: the task's own."""
     threads: int = 0
     """Simulator threads; 0: all usable cores."""
+    backend: str = "c"
+    """Physics engine: "c" (C MuJoCo on CPU threads) or "warp" (MuJoCo Warp on
+    run.device: Warp's CPU device on a machine without a GPU; sim/warp_engine.py)."""
     task_args: dict[str, Any] = field(default_factory=dict)
     """The task constructor's own options, e.g. {"command_vx": [0, 1]} for quadruped."""
     s2r: dict[str, Any] = field(default_factory=dict)
@@ -85,9 +89,13 @@ class EnvConfig:
         if self.max_episode_steps is not None:
             check.ints("max_episode_steps")
         known = task_options(self.task)  # unknown task: a clear error now, not later
-        clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps"})
+        if self.backend not in BACKENDS:
+            raise ValueError(f"env.backend must be one of {list(BACKENDS)}, got {self.backend!r}")
+        clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps", "backend"})
         if clash:
-            raise ValueError(f"env.task_args: set {clash} with env.threads / env.max_episode_steps")
+            raise ValueError(
+                f"env.task_args: set {clash} with env.threads / env.max_episode_steps / env.backend"
+            )
         # the simulator's own settings, not options of the task
         reserved = sorted(set(self.task_args) & {"dtype", "nan_action"})
         if reserved:
