@@ -198,8 +198,9 @@ def env_settings(
         if given is not None and not isinstance(given, Mapping):
             raise Sim2SimError(f"{name} must be a mapping, got {given!r}")
     options = {**(meta.task_args if own else {}), **(task_args or {})}
-    known = task_options(task) - _NOT_TASK_OPTIONS
-    unknown = sorted(set(options) - known)
+    known = task_options(task)  # None: an external env, whose factory checks its options
+    known = None if known is None else known - _NOT_TASK_OPTIONS
+    unknown = [] if known is None else sorted(set(options) - known)
     if unknown:
         raise Sim2SimError(f"task {task!r} has no option(s) {unknown}; known: {sorted(known)}")
     if s2r and not randomize:

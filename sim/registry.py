@@ -35,8 +35,16 @@ def task_class(name: str) -> type[MujocoVecEnv]:
 _MAKE_ARGS = frozenset({"self", "num_envs", "seed", "device", "s2r"})
 
 
-def task_options(name: str) -> set[str]:
-    """Keyword options the task's constructor accepts besides those `make` sets."""
+def is_external(task: str) -> bool:
+    """Whether `task` names an env of another framework ("prefix:name", sim.external)."""
+    return ":" in str(task)
+
+
+def task_options(name: str) -> set[str] | None:
+    """Keyword options the task's constructor accepts besides those `make` sets (None for
+    an external env, "prefix:name": its factory takes what it takes)."""
+    if is_external(name):
+        return None
     names: set[str] = set()
     for klass in task_class(name).__mro__:
         init = klass.__dict__.get("__init__")
@@ -59,6 +67,14 @@ def sim_to_real_config(task: str, s2r: SimToRealConfig | dict | None = None) -> 
     """
     if isinstance(s2r, SimToRealConfig):
         return s2r
+    if is_external(task):
+        s2r = {k: v for k, v in (s2r or {}).items() if not (k == "obs_history" and v == 1)}
+        if s2r:
+            raise ValueError(
+                f"{task} is an external env: it randomizes itself; sim-to-real settings "
+                f"{sorted(s2r)} do not apply"
+            )
+        return SimToRealConfig()
     base = task_class(task).default_s2r()
     if s2r is None:
         return base
@@ -83,8 +99,11 @@ def make(
     """Build a batched environment of `task` with `num_envs` copies.
 
     `s2r` overrides the task's sim-to-real defaults: a `SimToRealConfig` replaces
-    them, a dict updates individual fields.
+    them, a dict updates individual fields. A task "prefix:name" is an env of another
+    framework, built by the factory registered for the prefix (sim.external).
     """
+    if is_external(task):
+        return _make_external(task, num_envs, seed, device, s2r, kwargs)
     cls = task_class(task)
     if isinstance(s2r, dict):
         s2r = sim_to_real_config(task, s2r)
@@ -92,6 +111,27 @@ def make(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
     return cls(num_envs=num_envs, seed=seed, device=device, s2r=s2r, **kwargs)
+
+
+def _make_external(task, num_envs, seed, device, s2r, kwargs):
+    from sim.external import make_external
+
+    if isinstance(s2r, dict):
+        s2r = sim_to_real_config(task, s2r)
+    # what a config sets for every env; for an external env only the defaults make sense
+    defaults = {"num_threads": 0, "max_episode_steps": None, "backend": "c", "s2r": None}
+    given = {k: kwargs.pop(k) for k in list(kwargs) if k in defaults}
+    given["s2r"] = s2r
+    nominal = [None, SimToRealConfig()]
+    bad = sorted(
+        k for k, v in given.items() if not (v == defaults[k] or (k == "s2r" and v in nominal))
+    )
+    if bad:
+        raise ValueError(
+            f"{task} is an external env (sim.external): {bad} apply to our simulator only; "
+            "the env's own config sets its episode length, randomization and engine"
+        )
+    return make_external(task, num_envs, seed, torch.device(device), **kwargs)
 
 
 def _lazy(module: str, cls: str) -> Callable[[], type[MujocoVecEnv]]:

@@ -216,7 +216,7 @@ def open_player(
 def _check_command(task: str, options: Mapping[str, Any]) -> None:
     from sim.registry import task_options
 
-    if "fixed_command" in options and "fixed_command" not in task_options(task):
+    if "fixed_command" in options and "fixed_command" not in (task_options(task) or ()):
         raise PlayError(_no_command(task))
 
 

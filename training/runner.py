@@ -226,7 +226,12 @@ class OnPolicyRunner:
         self.policy.load_state_dict(ck["policy"])
         self.alg.load_state_dict(ck["algorithm"])
         self.env.load_state_dict(ck["env"])
-        self.obs = {k: v.to(self.device) for k, v in ck["obs"].items()}
+        if getattr(self.env, "restarts_on_resume", False):
+            # another framework's simulator cannot be restored (sim.external): its
+            # episodes start anew, from observations of its own
+            self.obs = self.env.reset()
+        else:
+            self.obs = {k: v.to(self.device) for k, v in ck["obs"].items()}
         if ck.get("hidden"):
             self.policy.set_hidden(tuple(h.to(self.device) for h in ck["hidden"]))
         torch.set_rng_state(ck["torch_rng"])

@@ -100,7 +100,7 @@ class EnvConfig:
         reserved = sorted(set(self.task_args) & {"dtype", "nan_action"})
         if reserved:
             raise ValueError(f"env.task_args: {reserved} are not task options")
-        unknown = sorted(set(self.task_args) - known)
+        unknown = [] if known is None else sorted(set(self.task_args) - known)
         if unknown:
             raise ValueError(
                 f"env.task_args: {self.task!r} has no option(s) {unknown}; known: {sorted(known)}"
