@@ -66,7 +66,12 @@ def run_one(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> di
     # the metrics' per-iteration timings add up to the training time of the whole run,
     # also when this call only resumed (or found finished) an earlier one
     rows = read_metrics(run_dir / "metrics.jsonl")
-    train_s = sum(r["perf/rollout_seconds"] + r["perf/update_seconds"] for r in rows)
+    # (rows without timings: the final evaluation's)
+    train_s = sum(
+        r["perf/rollout_seconds"] + r["perf/update_seconds"]
+        for r in rows
+        if "perf/rollout_seconds" in r
+    )
     stats = evaluate_source(run_dir, episodes=10, seed=10_000 + seed)
     return {"task": task, "seed": seed, "steps": runner.env_steps, "wall_s": wall,
             "train_s": train_s, **stats}  # fmt: skip
