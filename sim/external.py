@@ -92,7 +92,15 @@ class RslRlStyleEnv:
         self.device = torch.device(device if device is not None else env.device)
         self.dtype = torch.float32
         self.max_episode_steps = int(env.max_episode_length)
-        self.dt = float(dt if dt is not None else getattr(env, "step_dt", 0.0) or 0.02)
+        if dt is None:
+            dt = getattr(env, "step_dt", None) or (robot.control_dt if robot is not None else None)
+        if not (isinstance(dt, int | float) and dt > 0):
+            # the control period goes into the exported metadata: never guess it
+            raise ValueError(
+                f"{name}: the env's control period is unknown (no step_dt, no robot "
+                f"description); pass dt= in seconds, got {dt!r}"
+            )
+        self.dt = float(dt)
         self.s2r = SimToRealConfig()  # randomization, noise, latency: the env's own
         self.backend = "external"
         obs = self._obs(env.get_observations())

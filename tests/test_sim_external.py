@@ -199,6 +199,14 @@ def test_bad_external_envs_and_settings_are_named():
     with pytest.raises(TypeError, match="lacks 'get_observations'"):
         RslRlStyleEnv(NoObs(), "x:NoObs")
 
+    class NoPeriod(IsaacLike):
+        def __init__(self, n):
+            super().__init__(n)
+            self.step_dt = None
+
+    with pytest.raises(ValueError, match="control period is unknown"):
+        RslRlStyleEnv(NoPeriod(2), "x:NoPeriod")
+
     class Flat(IsaacLike):
         def get_observations(self):
             return TensorDict({"state": self.pos.clone()}, batch_size=[self.num_envs])
