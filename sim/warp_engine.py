@@ -110,7 +110,6 @@ class WarpEngine:
         self.num_envs = num_envs
         self.device = device
         self.rne_post = rne_post
-        self.nthread = 1  # the interface's; Warp schedules its own threads
         self.written_model_fields: set[str] = set()
         self._read: set[str] = set()
         with self.wp.ScopedDevice(device):
