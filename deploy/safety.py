@@ -1,4 +1,5 @@
-"""The safety layer between the policy runtime and the actuators (pure numpy).
+"""The safety layer between the policy runtime and the actuators (numpy; the per-step
+arithmetic is one compiled kernel, :func:`deploy.kernels.safety_track`).
 
 Whatever the policy, the observation pipeline or the clock does, the joint position
 target that leaves :meth:`SafetyLayer.filter` is finite and within the joint limits.
@@ -47,13 +48,21 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from deploy.arrays import all_finite
+from deploy import kernels
+from deploy.kernels import (
+    CLAMPED,
+    NONFINITE_OBS,
+    NONFINITE_OUT,
+    NONFINITE_TARGET,
+    RATE_LIMITED,
+    safety_track,
+    warm_up,
+)
 
 __all__ = [
     "COUNTER_NAMES",
@@ -95,9 +104,9 @@ _INF = math.inf
 _LOWEST = -sys.float_info.max  # below every finite time: the first check rejects -inf only
 
 
-_any = np.logical_or.reduce  # ndarray.any() minus a Python-level wrapper
-_all = np.logical_and.reduce
-_max = np.maximum.reduce
+_NONFINITE = NONFINITE_OBS | NONFINITE_TARGET
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 
 
 def _vector(name: str, value: Any, size: int | None = None) -> np.ndarray:
@@ -203,23 +212,22 @@ class SafetyLayer:
     def __init__(self, config: SafetyConfig) -> None:
         self.config = config
         n = config.num_joints
-        self._lower = config.joint_pos_lower
-        self._upper = config.joint_pos_upper
-        self._delta = config.max_delta_per_step
-        self._neg_delta = -config.max_delta_per_step
+        # The kernel's state, one row per quantity (see deploy.kernels.safety_track);
+        # the limits are copies, safe from later edits of the config.
+        self._state = np.zeros((kernels.SAFETY_ROWS, n))
+        self._state[kernels.LOWER] = config.joint_pos_lower
+        self._state[kernels.UPPER] = config.joint_pos_upper
+        self._state[kernels.DELTA] = config.max_delta_per_step
+        self._lower = self._state[kernels.LOWER]
+        self._upper = self._state[kernels.UPPER]
+        self._delta = self._state[kernels.DELTA]
         self._posture = config.safe_posture
-        self._out = np.empty(n)  # the last output (valid once _has_output)
-        self._target = np.empty(n)
-        self._step = np.empty(n)
-        self._abs = np.empty(n)
-        self._ramp_start = np.empty(n)
-        self._mask = np.empty(n, dtype=bool)
-        self._zeros = np.zeros(n)
-        # Hot-path shortcuts, decided once: without a finite per-step limit no step can
-        # be rate limited; with one limit for all joints a max() replaces a comparison.
+        self._out = self._state[kernels.OUT]  # the last output (valid once _has_output)
+        self._ramp_start = self._state[kernels.RAMP_START]
+        self._no_obs = np.zeros(0)
+        # Without a finite per-step limit no step can be rate limited: decided once.
         self._rate_limit = bool(np.isfinite(self._delta).any())
-        d0 = float(self._delta[0])
-        self._uniform_delta = d0 if bool((self._delta == d0).all()) else None
+        warm_up()  # compile now, not at the robot's first control step
         self._has_output = False
         self._active = False
         self._ramp_t0 = 0.0
@@ -333,7 +341,8 @@ class SafetyLayer:
         Returns:
             A new array, finite and within ``[joint_pos_lower, joint_pos_upper]``.
         """
-        target = np.asarray(target, dtype=np.float64)
+        if target.__class__ is not np.ndarray or target.dtype is not _F64:
+            target = np.asarray(target, dtype=np.float64)
         if target.shape != self._out.shape:
             raise ValueError(f"target must have shape {self._out.shape}, got shape {target.shape}")
         now_s = float(now_s)  # plain float arithmetic: never raises, NaN stays NaN
@@ -374,83 +383,35 @@ class SafetyLayer:
             self._stale = False
             self._start_ramp(now_s)
 
-        obs_bad = obs is not None and not _all(np.isfinite(obs), axis=None)
-        target_bad = not _all(np.isfinite(target))
-        if obs_bad or target_bad:
+        ramp = self.config.ramp_in_s
+        alpha = 1.0
+        if ramp > 0:
+            alpha = (now_s - self._ramp_t0) / ramp
+            if not alpha >= 0.0:  # clock went backwards, or NaN
+                alpha = 0.0
+        if obs is None:
+            obs = self._no_obs
+        else:
+            if obs.__class__ is not np.ndarray or (obs.dtype is not _F32 and obs.dtype is not _F64):
+                obs = np.asarray(obs, dtype=np.float64)  # identity tests: dtype == costs 1 us
+            if obs.ndim != 1:
+                obs = obs.reshape(-1)
+        flags = safety_track(obs, target, self._state, self._rate_limit, alpha)
+        if flags & _NONFINITE:
+            obs_bad = bool(flags & NONFINITE_OBS)
+            target_bad = bool(flags & NONFINITE_TARGET)
             c["nonfinite_obs"] += int(obs_bad)
             c["nonfinite_action"] += int(target_bad)
             if not self.config.hold_last_on_fault:
                 return self._emit_posture()
             return out.copy()  # the last output: within limits and rate-limited already
-
-        try:
-            clamped, rate_limited, exact = self._track(target, now_s)
-        except (FloatingPointError, RuntimeWarning):
-            # Only limits near the float range overflow; the caller made numpy raise
-            # (np.seterr or warnings as errors). Nothing was committed: redo it quietly.
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                clamped, rate_limited, exact = self._track(target, now_s)
-        c["clamped"] += int(clamped)
-        c["rate_limited"] += int(rate_limited)
-        # An exact output is the clamp of the target checked finite above, within finite
-        # limits, so finite; anything else is checked (unreachable by construction).
-        if not exact and not all_finite(out, self._zeros):
+        if flags & CLAMPED:
+            c["clamped"] += 1
+        if flags & RATE_LIMITED:
+            c["rate_limited"] += 1
+        if flags & NONFINITE_OUT:
             return self._emit_posture()
         return out.copy()
-
-    def _track(self, target: np.ndarray, now_s: float) -> tuple[bool, bool, bool]:
-        """Clamp, ramp in and rate-limit ``target``; write the result to the output.
-
-        The last output is read until the final clip writes it, so that a floating-point
-        exception half-way leaves it untouched and the call can be repeated.
-        Returns whether the clamp and the rate limit intervened, and whether the output
-        is exactly the clamped target (no ramp blend, no rate limit).
-        """
-        out = self._out
-        # Clamp the target first (see the module docstring); count it as "clamped".
-        goal = self._target
-        # np.maximum/np.minimum: the same as np.clip here, at half its call overhead.
-        np.minimum(np.maximum(target, self._lower, out=goal), self._upper, out=goal)
-        clamped = bool(_any(np.not_equal(goal, target, out=self._mask)))
-
-        ramp = self.config.ramp_in_s
-        blended = False
-        if ramp > 0:
-            alpha = (now_s - self._ramp_t0) / ramp
-            if not alpha >= 0.0:  # clock went backwards, or NaN
-                alpha = 0.0
-            if alpha < 1.0:
-                # Convex blend without a difference, so it cannot produce inf - inf.
-                np.multiply(goal, alpha, out=goal)
-                np.multiply(self._ramp_start, 1.0 - alpha, out=self._step)
-                np.add(goal, self._step, out=goal)
-                blended = True
-
-        # Per-step change limit relative to the previous output. An infinite limit never
-        # intervenes (|step| > inf is False), so it is skipped; the step is never NaN
-        # (neither goal nor the last output is), so max(|step|) > d is the same test as
-        # any(|step| > d) when all joints share one limit.
-        rate_limited = False
-        if self._rate_limit:
-            step = self._step
-            np.subtract(goal, out, out=step)
-            np.abs(step, out=self._abs)
-            if self._uniform_delta is not None:
-                rate_limited = bool(_max(self._abs) > self._uniform_delta)
-            else:
-                rate_limited = bool(_any(np.greater(self._abs, self._delta, out=self._mask)))
-            if rate_limited:
-                np.minimum(np.maximum(step, self._neg_delta, out=step), self._delta, out=step)
-                np.add(out, step, out=goal)
-
-        if blended or rate_limited:
-            # Guards rounding at the limits and an overflow to inf with huge limits.
-            np.minimum(np.maximum(goal, self._lower, out=out), self._upper, out=out)
-        else:
-            # goal is the clamped target itself, inside the limits: the clamp is a no-op
-            np.copyto(out, goal)
-        return clamped, rate_limited, not (blended or rate_limited)
 
     # ------------------------------------------------------------------ helpers
     def _untimed(self, now_s: float) -> np.ndarray:

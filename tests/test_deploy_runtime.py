@@ -281,6 +281,24 @@ def test_act_returns_independent_arrays_and_out(mlp):
     np.testing.assert_allclose(buf, first, atol=1e-7)
 
 
+def test_session_called_directly_and_public_method_as_fallback(mlp):
+    """act() skips onnxruntime's per-call Python checks when the C++ session is reachable
+    (CPU provider), and uses the public method otherwise; both give the same actions."""
+    import types
+
+    path, w, b = mlp
+    policy = OnnxPolicy(path)
+    assert policy._run.args[0] is policy._binding._iobinding  # the direct C++ call
+    frame = np.linspace(-1, 1, FRAME)
+    fast = policy.act(frame)
+    public = policy.session.run_with_iobinding
+    policy.session = types.SimpleNamespace(run_with_iobinding=public)  # no `_sess`
+    policy._run = policy._fast_run()
+    assert policy._run.func == public
+    np.testing.assert_array_equal(policy.act(frame), fast)
+    np.testing.assert_allclose(fast, np.tanh(frame.astype(np.float32) @ w + b), atol=1e-6)
+
+
 def test_wrong_frame_size_raises_value_error(mlp):
     policy = OnnxPolicy(mlp[0])
     with pytest.raises(ValueError, match=r"\(7,\).*\(8,\)"):
