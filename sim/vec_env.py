@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from sim.engine import SimulationFailure, engine_state, load_engine_state, make_engine
+from sim.kernels import all_finite, finish_step
 from sim.randomization import LatencyQueue, ModelRandomizer, ObsHistory, SimToRealConfig
 from sim.spec import (
     ActionSpec,
@@ -26,6 +27,16 @@ from sim.spec import (
     ObsTerm,
     RobotDescription,
 )
+
+# torch dtypes numpy can build directly, so a CPU tensor is one numpy copy, no torch op
+_NUMPY_DTYPES = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.bool: np.bool_,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+}
 
 
 def joint_indices_of(model: mujoco.MjModel, joint_names: tuple[str, ...]) -> JointIndices:
@@ -177,6 +188,14 @@ class MujocoVecEnv:
         self._next_push = np.full(n, np.inf)
         self._obs: dict[str, torch.Tensor] | None = None
         self._all = np.arange(n)
+        self._no_env = np.zeros(n, dtype=bool)  # never written: "no env" for the step kernel
+        self._term_sizes = {
+            g: [(t.name, t.size) for t in spec.terms]
+            for g, spec in self.observation_spec.groups.items()
+        }
+        self._cpu = self.device.type == "cpu"
+        self._memo: dict[str, Any] | None = None
+        self._noise_flags()
 
     # ------------------------------------------------------------------ task hooks
     @classmethod
@@ -219,6 +238,21 @@ class MujocoVecEnv:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ helpers
+    def _per_step(self, key: str, compute: Any) -> Any:
+        """`compute()`, computed once between a step's physics and its resets.
+
+        A task's reward and its observation both read the state the step left (the base
+        pose of a legged robot, say); inside `step` that state does not change until the
+        ended episodes reset, so the second reader takes the first one's value. Outside
+        `step` (reset, set_state) every call computes. Readers must not write the value.
+        """
+        memo = self._memo
+        if memo is None:
+            return compute()
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     def _per_term(self, stds: dict[str, float], what: str) -> np.ndarray:
         group = self.observation_spec.policy
         slices = group.slices()
@@ -232,24 +266,48 @@ class MujocoVecEnv:
             out[slices[k]] = v
         return out
 
+    def _noise_flags(self) -> None:
+        # asked every step; the stds change only at construction and load_state_dict
+        self._has_noise = bool(self._noise_std.any())
+        self._has_bias = bool(self._bias_std.any())
+
     def _assemble(self, terms: dict[str, np.ndarray], group: str) -> np.ndarray:
-        spec = self.observation_spec[group]
+        n = self.num_envs
         return np.concatenate(
-            [terms[t.name].reshape(self.num_envs, t.size) for t in spec.terms], axis=1
+            [terms[name].reshape(n, size) for name, size in self._term_sizes[group]], axis=1
         )
 
     def _to_torch(self, x: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
+        dtype = dtype or self.dtype
+        np_dtype = _NUMPY_DTYPES.get(dtype)
+        if self._cpu and np_dtype is not None:
+            # a fresh copy, so never a view of an internal buffer; numpy's cast rounds as
+            # torch's does, and costs a third of from_numpy().to() at a few envs
+            return torch.from_numpy(np.array(x, dtype=np_dtype, order="C"))
         t = torch.from_numpy(np.ascontiguousarray(x))
-        out = t.to(device=self.device, dtype=dtype or self.dtype)
+        out = t.to(device=self.device, dtype=dtype)
         # never hand out a view of an internal buffer (e.g. dtype=float64 on CPU)
         return out.clone() if out.data_ptr() == t.data_ptr() else out
+
+    def _rows_to_torch(
+        self, rows: list[np.ndarray], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, ...]:
+        """Equal-length 1-D arrays as tensors: one copy and one transfer for them all (the
+        tensors are rows of one fresh block, which nothing else holds)."""
+        np_dtype = _NUMPY_DTYPES.get(dtype)
+        if np_dtype is None:
+            return tuple(self._to_torch(r, dtype) for r in rows)
+        block = torch.from_numpy(np.array(rows, dtype=np_dtype))
+        if not self._cpu:
+            block = block.to(self.device)
+        return block.unbind(0)
 
     def _observe(self, reset_ids: np.ndarray | None) -> dict[str, torch.Tensor]:
         terms = self._task_obs()
         frame = self._assemble(terms, "policy")
-        if self._noise_std.any():
+        if self._has_noise:
             frame = frame + self._rng.standard_normal(frame.shape) * self._noise_std
-        if self._bias_std.any():
+        if self._has_bias:
             frame = frame + self._bias
         if reset_ids is not None:
             # only the reset envs get a new frame; the others keep their history as it is
@@ -273,7 +331,7 @@ class MujocoVecEnv:
         eng.forward(ids)
         lo, hi = self.s2r.action_latency
         self._latency.reset(ids, self._rng.integers(lo, hi + 1, size=len(ids)), 0.0)
-        if self._bias_std.any():
+        if self._has_bias:
             self._bias[ids] = (
                 self._rng.standard_normal((len(ids), self._bias.shape[1])) * self._bias_std
             )
@@ -289,7 +347,11 @@ class MujocoVecEnv:
                 raise TypeError(
                     f"actions must be a floating-point tensor, got dtype {actions.dtype}"
                 )
-            actions = actions.detach().to("cpu", torch.float64).numpy()
+            if actions.device.type == "cpu" and actions.dtype in (torch.float32, torch.float64):
+                # numpy's cast is torch's, without a torch op (a few us per step)
+                actions = actions.detach().numpy().astype(np.float64, copy=False)
+            else:
+                actions = actions.detach().to("cpu", torch.float64).numpy()
         else:
             actions = np.asarray(actions)
             if actions.dtype.kind != "f":
@@ -370,9 +432,11 @@ class MujocoVecEnv:
     def step(self, actions: Any):
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
+        n = self.num_envs
         actions = self._validate_actions(actions)
-        bad = ~np.isfinite(actions).all(axis=1)
-        if bad.any():
+        bad = self._no_env
+        if not all_finite(actions):
+            bad = ~np.isfinite(actions).all(axis=1)
             if self.nan_action == "raise":
                 raise ValueError(
                     f"non-finite actions (NaN or inf) for envs {np.nonzero(bad)[0][:16].tolist()}; "
@@ -383,27 +447,48 @@ class MujocoVecEnv:
         applied = self._latency.push(actions)
         self._apply_pushes()
         pre = self._task_pre_step()
-        failed = np.zeros(self.num_envs, dtype=bool)
+        failed = self._no_env
         try:
             self.engine.step(self._task_ctrl(applied), self.frame_skip)
         except SimulationFailure as e:
+            failed = np.zeros(n, dtype=bool)
             failed[e.ids] = True
-        reward, terminated, extras = self._task_reward(pre, applied)
-        self.episode_length += 1
-        self.last_action = actions.copy()
-        # a diverged simulation ends its episode instead of poisoning the batch
-        unstable = failed | ~np.isfinite(self.engine.get("qpos")).all(axis=1) | ~np.isfinite(reward)
-        unstable |= bad
-        reward = np.where(unstable, 0.0, reward)
-        terminated = terminated | unstable
-        truncated = (self.episode_length >= self.max_episode_steps) & ~terminated
-        self.episode_return += reward
-        done = terminated | truncated
-        info: dict[str, Any] = {k: self._to_torch(v) for k, v in extras.items()}
-        info["unstable"] = self._to_torch(unstable, torch.bool)
-        done_ids = np.nonzero(done)[0]
-        obs = self._observe(None)
-        if len(done_ids):
+        rew = np.empty(n)
+        flags = np.empty((3, n), dtype=bool)  # unstable, terminated, truncated
+        self._memo = {}
+        try:
+            reward, terminated, extras = self._task_reward(pre, applied)
+            # a diverged simulation ends its episode instead of poisoning the batch: its
+            # reward becomes 0 and it terminates (one kernel, with the episode counters)
+            ndone = finish_step(
+                self.engine.get("qpos"),
+                np.asarray(reward),
+                np.asarray(terminated, dtype=bool),
+                bad,
+                failed,
+                self.episode_length,
+                self.max_episode_steps,
+                self.episode_return,
+                rew,
+                flags,
+            )
+            self.last_action = actions.copy()
+            obs = self._observe(None)
+        finally:
+            self._memo = None
+        # reward and the task's per-env terms leave as rows of one tensor, the flags as
+        # rows of another: two conversions a step instead of one per value
+        names = [k for k, v in extras.items() if getattr(v, "shape", None) == (n,)]
+        rows = self._rows_to_torch([rew] + [extras[k] for k in names], self.dtype)
+        reward_t, extra_t = rows[0], dict(zip(names, rows[1:]))
+        info: dict[str, Any] = {
+            k: extra_t[k] if k in extra_t else self._to_torch(v) for k, v in extras.items()
+        }
+        unstable_t, terminated_t, truncated_t = self._rows_to_torch(flags, torch.bool)
+        info["unstable"] = unstable_t
+        if ndone:
+            done = flags[1] | flags[2]
+            done_ids = np.nonzero(done)[0]
             info["final_obs"] = {k: v.clone() for k, v in obs.items()}
             info["episode"] = {
                 "done": self._to_torch(done, torch.bool),
@@ -417,13 +502,7 @@ class MujocoVecEnv:
         else:
             info["final_obs"] = obs
         self._obs = obs
-        return (
-            obs,
-            self._to_torch(reward),
-            self._to_torch(terminated, torch.bool),
-            self._to_torch(truncated, torch.bool),
-            info,
-        )
+        return obs, reward_t, terminated_t, truncated_t, info
 
     # ------------------------------------------------------------------ checkpointing
     def _stateful_parts(self) -> dict[str, object]:
@@ -473,6 +552,7 @@ class MujocoVecEnv:
         self._obs = {}  # episodes are under way: step() may continue them
         self._rng.bit_generator.state = state["rng"]
         load_engine_state(self.engine, state["engine"])
+        self._noise_flags()
 
     # ------------------------------------------------------------------ extras
     def get_state(self) -> dict[str, np.ndarray]:

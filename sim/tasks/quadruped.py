@@ -491,6 +491,10 @@ class Quadruped(TerrainGround, MujocoVecEnv):
 
     # ------------------------------------------------------------------ state
     def _base_state(self):
+        # the reward and the observation of a step both read it (MujocoVecEnv._per_step)
+        return self._per_step("base_state", self._compute_base_state)
+
+    def _compute_base_state(self):
         qpos, qvel = self.engine.get("qpos"), self.engine.get("qvel")
         rot = quat_to_mat(qpos[:, 3:7])
         return {
@@ -504,6 +508,9 @@ class Quadruped(TerrainGround, MujocoVecEnv):
         }
 
     def _joint_state(self):
+        return self._per_step("joint_state", self._compute_joint_state)
+
+    def _compute_joint_state(self):
         qpos, qvel = self.engine.get("qpos"), self.engine.get("qvel")
         return qpos[:, self._jqpos] - self.default_joint_pos, qvel[:, self._jdof]
 

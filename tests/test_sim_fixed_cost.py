@@ -1,0 +1,145 @@
+"""What the cheap step must keep: fresh outputs every step, views that follow the state,
+the per-step memo confined to its step, unstable envs handled as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sim.randomization import SimToRealConfig
+from sim.registry import make
+
+
+def _actions(env, rng):
+    lo, hi = env.action_spec.low, env.action_spec.high
+    a = rng.uniform(lo, hi, size=(env.num_envs, env.action_spec.size))
+    return torch.from_numpy(a.astype(np.float32))
+
+
+@pytest.mark.parametrize("task", ["halfcheetah", "quadruped"])
+def test_returned_tensors_are_not_overwritten_by_later_steps(task):
+    env = make(task, 3, seed=0, max_episode_steps=4)  # episodes end inside the test
+    rng = np.random.default_rng(0)
+    env.reset()
+    kept, copies = [], []
+    for _ in range(9):
+        obs, rew, term, trunc, info = env.step(_actions(env, rng))
+        out = (obs, rew, term, trunc, {k: v for k, v in info.items() if k != "episode"})
+        kept.append(out)
+        copies.append(_clone(out))
+    for a, b in zip(kept, copies):
+        _assert_equal(a, b)
+
+
+def test_writing_a_returned_tensor_changes_no_other():
+    env = make("halfcheetah", 2, seed=0)
+    env.reset()
+    obs, rew, term, trunc, info = env.step(torch.zeros(2, env.action_spec.size))
+    before = _clone((obs, trunc, info))
+    rew.fill_(123.0)
+    term.fill_(True)
+    _assert_equal((obs, trunc, info), before)
+    assert not env.step(torch.zeros(2, env.action_spec.size))[2].any()
+
+
+def test_state_views_follow_a_loaded_state():
+    env = make("quadruped", 2, seed=1)
+    env.reset()
+    rng = np.random.default_rng(1)
+    env.step(_actions(env, rng))
+    state = env.state_dict()
+    qpos = env.engine.get("qpos").copy()
+    for _ in range(3):
+        env.step(_actions(env, rng))
+    assert not np.array_equal(env.engine.get("qpos"), qpos)
+    env.load_state_dict(state)
+    np.testing.assert_array_equal(env.engine.get("qpos"), qpos)
+
+
+def test_same_seed_same_outputs_bit_for_bit():
+    def run():
+        env = make("quadruped", 4, seed=5, max_episode_steps=6)
+        rng = np.random.default_rng(2)
+        outs = [env.reset()]
+        for _ in range(15):
+            outs.append(env.step(_actions(env, rng)))
+        return outs
+
+    _assert_equal(run(), run())
+
+
+def test_the_step_memo_never_outlives_its_step():
+    # without noise the observation is a function of the state: after set_state it must
+    # describe the new state, not the one the last step memoized
+    quiet = SimToRealConfig()
+    env = make("quadruped", 2, seed=0, s2r=quiet)
+    ref = make("quadruped", 2, seed=0, s2r=quiet)
+    env.reset()
+    ref.reset()
+    rng = np.random.default_rng(3)
+    env.step(_actions(env, rng))
+    assert env._memo is None
+    s = ref.get_state()
+    env.last_action[...] = 0.0  # ref has taken no action
+    env.set_state(s["qpos"], s["qvel"])
+    ref.set_state(s["qpos"], s["qvel"])
+    np.testing.assert_array_equal(env._obs["critic"].numpy(), ref._obs["critic"].numpy())
+
+
+def test_a_diverged_env_ends_with_zero_reward_and_the_others_go_on():
+    env = make("halfcheetah", 3, seed=0)
+    env.reset()
+    task_reward = env._task_reward
+
+    def diverging(pre, actions):  # MuJoCo resets a NaN qpos itself; a NaN reward stays
+        reward, terminated, extras = task_reward(pre, actions)
+        reward[1] = np.nan
+        return reward, terminated, extras
+
+    env._task_reward = diverging
+    obs, rew, term, trunc, info = env.step(torch.zeros(3, env.action_spec.size))
+    assert info["unstable"].tolist() == [False, True, False]
+    assert term.tolist() == [False, True, False]
+    assert rew[1].item() == 0.0 and torch.isfinite(rew).all()
+    assert info["episode"]["done"].tolist() == [False, True, False]
+    assert torch.isfinite(obs["policy"]).all()
+
+
+def test_bad_actions_reset_only_their_env():
+    env = make("halfcheetah", 2, seed=0, nan_action="reset")
+    env.reset()
+    a = torch.zeros(2, env.action_spec.size)
+    a[0, 2] = float("inf")
+    _, rew, term, _, info = env.step(a)
+    assert term.tolist() == [True, False] and info["unstable"].tolist() == [True, False]
+    assert rew[0].item() == 0.0
+    np.testing.assert_array_equal(env.last_action[0], 0.0)
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    if isinstance(x, tuple | list):
+        return type(x)(_clone(v) for v in x)
+    return x
+
+
+def _assert_equal(a, b):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.is_floating_point():
+            a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _assert_equal(a[k], b[k])
+    elif isinstance(a, tuple | list):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _assert_equal(u, v)
+    else:
+        assert a == b
