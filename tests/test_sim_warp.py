@@ -3,12 +3,14 @@ device: the same tasks from the same state and actions, randomization, partial r
 checkpoints, and PPO training on it.
 
 Warp compiles its kernels on first use (about a minute per task model on a CPU) into
-$SIM2REAL_WARP_CACHE; later runs load them.
+$SIM2REAL_WARP_CACHE; later runs load them. SIM2REAL_TEST_WARP_DEVICE=cuda runs the
+parity tests with Warp on a GPU (the C backend stays on the CPU).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import mujoco
 import numpy as np
@@ -22,6 +24,7 @@ from sim.registry import make  # noqa: E402
 from sim.warp_engine import WarpEngine, warp_device  # noqa: E402
 
 PHYSICS_STEPS = 100
+DEVICE = os.environ.get("SIM2REAL_TEST_WARP_DEVICE", "cpu")
 
 
 def _actions(env, step: int) -> torch.Tensor:
@@ -36,21 +39,22 @@ def _actions(env, step: int) -> torch.Tensor:
 def _pair(task: str, num_envs: int = 4, s2r=None, **kwargs):
     s2r = SimToRealConfig() if s2r is None else s2r
     c = make(task, num_envs, seed=7, s2r=s2r, **kwargs)
-    w = make(task, num_envs, seed=7, s2r=s2r, backend="warp", **kwargs)
+    w = make(task, num_envs, seed=7, s2r=s2r, backend="warp", device=DEVICE, **kwargs)
     return c, w
 
 
 def _run_both(c, w, control_steps: int):
     """Step both envs with the same actions; the largest differences seen."""
     oc, ow = c.reset(), w.reset()
-    worst = {"obs": float((oc["policy"] - ow["policy"]).abs().max()), "reward": 0.0}
+    worst = {"obs": float((oc["policy"] - ow["policy"].cpu()).abs().max()), "reward": 0.0}
     for t in range(control_steps):
         a = _actions(c, t)
         oc, rc, tc, truc, _ = c.step(a)
-        ow, rw, tw, truw, _ = w.step(a)
+        ow, rw, tw, truw, _ = w.step(a.to(w.device))
+        tw, truw = tw.cpu(), truw.cpu()
         assert torch.equal(tc, tw) and torch.equal(truc, truw), f"episode ends differ at step {t}"
-        worst["obs"] = max(worst["obs"], float((oc["policy"] - ow["policy"]).abs().max()))
-        worst["reward"] = max(worst["reward"], float((rc - rw).abs().max()))
+        worst["obs"] = max(worst["obs"], float((oc["policy"] - ow["policy"].cpu()).abs().max()))
+        worst["reward"] = max(worst["reward"], float((rc - rw.cpu()).abs().max()))
     for f in ("qpos", "qvel"):
         worst[f] = float(np.abs(c.engine.get(f) - w.engine.get(f)).max())
     return worst
