@@ -13,6 +13,12 @@ vectorization), which our halfcheetah reproduces exactly.
 
 SB3's side of (b) is cached in --out per (budget, seed): `--parts b --sb3-only` runs
 just that side, a later `--parts b` reads it back and trains ours against it.
+
+--compile trains ours in (a) with its minibatch step under torch.compile (ppo.compile=true).
+(m), not run by default, times that step alone on (a)'s settings, eager against
+compiled, in interleaved rounds (median ms per step), the compiling first call apart:
+
+    python benchmarks/ppo_vs_sb3.py --parts m
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,26 +71,36 @@ def sb3_same(steps: int, seed: int) -> dict:
             "eval_return": evaluate(model, "HalfCheetah-v5")["return_mean"], "wall_s": wall}  # fmt: skip
 
 
-def ours_same(steps: int, seed: int, out: Path) -> dict:
-    from training.artifacts import evaluate_source
-    from training.runner import OnPolicyRunner
+def same_config(steps: int, seed: int, compile_: bool) -> Any:
+    """Our config for (a)'s identical settings."""
     from training.train_configs import build_ppo_config
 
     minibatches = SAME["num_envs"] * SAME["n_steps"] // SAME["batch_size"]
     h = ",".join(map(str, SAME["hidden"]))
-    cfg = build_ppo_config("halfcheetah", [
+    return build_ppo_config("halfcheetah", [
         f"env.num_envs={SAME['num_envs']}", f"ppo.num_steps={SAME['n_steps']}", f"ppo.num_epochs={SAME['n_epochs']}",
         f"ppo.num_minibatches={minibatches}", f"ppo.lr={SAME['lr']}", "ppo.schedule=fixed",
         f"ppo.gamma={SAME['gamma']}", f"ppo.lam={SAME['lam']}", f"policy.actor_hidden={h}", f"policy.critic_hidden={h}",
         "policy.activation=tanh", "ppo.value_clip=none", "ppo.value_coef=0.5", "ppo.max_grad_norm=0.5",
         f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false", "run.video=false",
+        f"ppo.compile={str(compile_).lower()}",
     ])  # fmt: skip
-    runner = OnPolicyRunner(cfg, out / "same")
+
+
+def ours_same(steps: int, seed: int, out: Path, compile_: bool) -> dict:
+    from training.artifacts import evaluate_source
+    from training.runner import OnPolicyRunner
+
+    run_dir = out / ("same_compiled" if compile_ else "same")
+    if run_dir.exists():  # a timing run starts from scratch
+        print(f"(a) removing the earlier run {run_dir}", flush=True)
+        shutil.rmtree(run_dir)
+    runner = OnPolicyRunner(same_config(steps, seed, compile_), run_dir)
     # timed like SB3's learn(): training only, not building the learner and its env
     t0 = time.perf_counter()
     summary = runner.train()
     wall = time.perf_counter() - t0
-    ev = evaluate_source(out / "same", episodes=10, seed=100)
+    ev = evaluate_source(run_dir, episodes=10, seed=100)
     return {"steps_per_s": runner.env_steps / wall, "train_return": summary["return"],
             "eval_return": ev["return_mean"], "wall_s": wall}  # fmt: skip
 
@@ -161,6 +178,54 @@ def ours_preset(steps: int, seed: int, out: Path) -> dict:
     return {"curve": log.points, "wall_s": wall}
 
 
+def minibatch_step(seed: int, rounds: int) -> dict:
+    """(m): ms per minibatch step of our PPO, eager and compiled, on (a)'s settings.
+
+    Each learner takes one rollout of (a)'s env, then steps over its minibatches once
+    per round; the two alternate which goes first, so that a change of the machine's
+    load falls on both. The first compiled call (tracing and compiling, or reading
+    Inductor's cache in TORCHINDUCTOR_CACHE_DIR) is timed apart.
+    """
+    import statistics
+    import tempfile
+
+    from training.runner import OnPolicyRunner
+
+    learners, first_call = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, compile_ in (("eager", False), ("compiled", True)):
+            runner = OnPolicyRunner(same_config(SAME["num_envs"] * SAME["n_steps"], seed, compile_),
+                                    Path(tmp) / name)  # fmt: skip
+            runner._rollout()
+            alg = runner.alg
+            c = alg.cfg
+            alg.storage.compute_advantages(c.gamma, c.lam, c.normalize_advantages)
+            batches = list(alg.storage.minibatches(c.num_minibatches, alg.generator))
+            t0 = time.perf_counter()
+            alg._minibatch_step(batches[0])
+            first_call[name] = time.perf_counter() - t0
+            learners[name] = (alg, batches)
+            runner.close()
+    per_step: dict[str, list[float]] = {name: [] for name in learners}
+    for r in range(rounds + 1):
+        for name in list(learners)[:: 1 if r % 2 == 0 else -1]:
+            alg, batches = learners[name]
+            t0 = time.perf_counter()
+            for b in batches:
+                alg._minibatch_step(b)
+            if r > 0:  # round 0 warms both up
+                per_step[name].append((time.perf_counter() - t0) / len(batches) * 1e3)
+    skipped = {name: alg.guard.nonfinite_steps for name, (alg, _) in learners.items()}
+    return {
+        "ms_per_step_median": {n: statistics.median(v) for n, v in per_step.items()},
+        "ms_per_step_range": {n: (min(v), max(v)) for n, v in per_step.items()},
+        "first_call_s": first_call,
+        "rounds": rounds,
+        "steps_per_round": len(learners["eager"][1]),
+        "skipped_steps": skipped,
+    }
+
+
 def first_reach(curve, target: float):
     for t, step, ret in curve:
         if ret >= target:
@@ -182,12 +247,27 @@ def main() -> None:
     p.add_argument("--parts", default="ab")
     p.add_argument("--json", default=None)
     p.add_argument("--sb3-only", action="store_true", help="(b): run and cache SB3's side only")
+    p.add_argument("--compile", action="store_true", help="(a): ours with ppo.compile=true")
+    p.add_argument("--rounds", type=int, default=30, help="(m): rounds of minibatch steps")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res: dict = {"machine": f"{os.cpu_count()} CPUs", "torch_threads": torch.get_num_threads()}
+    # the machine is shared: the load beside the figures says how far to trust them
+    res: dict = {"machine": f"{os.cpu_count()} CPUs", "torch_threads": torch.get_num_threads(),
+                 "compile": a.compile, "loadavg_start": _loadavg()}  # fmt: skip
+    if "m" in a.parts:
+        m = res["m"] = minibatch_step(a.seed, a.rounds)
+        med, first = m["ms_per_step_median"], m["first_call_s"]
+        print(f"(m) minibatch step of {SAME['batch_size']} on (a)'s settings, median of {a.rounds} rounds "
+              f"of {m['steps_per_round']} steps (load {_loadavg()})")  # fmt: skip
+        for name in med:
+            lo, hi = m["ms_per_step_range"][name]
+            print(
+                f"    {name}: {med[name]:.3f} ms per step ({lo:.3f}-{hi:.3f}); first call {first[name]:.2f} s"
+            )
+        print(f"    compiled / eager: {med['compiled'] / med['eager']:.2f}", flush=True)
     if "a" in a.parts:
-        ours = ours_same(a.steps_a, a.seed, out)
+        ours = ours_same(a.steps_a, a.seed, out, a.compile)
         sb3 = sb3_same(a.steps_a, a.seed)
         res["a"] = {"ours": ours, "sb3": sb3, "settings": SAME, "steps": a.steps_a}
         print(f"(a) identical settings {SAME}, {a.steps_a:,} steps")
@@ -248,8 +328,19 @@ def main() -> None:
                 f"speedup {t_sb3 / t_ours:.1f}x",
                 flush=True,
             )
+    res["loadavg_end"] = _loadavg()
+    print(
+        f"load average (1, 5, 15 min): {res['loadavg_start']} at the start, {res['loadavg_end']} at the end"
+    )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:  # not Linux
+        return "n/a"
 
 
 if __name__ == "__main__":
