@@ -36,6 +36,21 @@ Schema (``SCHEMA = "sim2real.demos"``, ``SCHEMA_VERSION = 1``)::
         terminals                   uint8 [T]: 1 where the episode terminated rather than
                                     timed out (what offline RL needs for bootstrapping)
 
+Optional, for tasks that observe camera images and take language instructions (e.g.
+"instructed_reach"); files without them are the files above, and readers that know only
+the above read files with them unchanged (image keys are not in ``obs_keys``)::
+
+    /data   attrs  image_keys       JSON [[key, [H, W, C]], ...]: the image groups
+    /data/demo_<i>
+            attrs  instruction      str: the language instruction the demo follows
+            obs/<key>               uint8 [T, H, W, C]: the frame at step t
+            next_obs/<key>          uint8 [T, H, W, C]: the frame after step t (at the last
+                                    step: the true final frame, before any reset)
+
+Image datasets are gzip-compressed in chunks of one frame, so a loader reads any frame
+without inflating its neighbours, and any HDF5 tool reads them (gzip, unlike lzf, is in
+every HDF5 build).
+
 Observations are stored one frame per step (no history); loaders stack history as the
 simulator does at a reset (the first frame repeated). :func:`load_demos` checks all of
 the above and raises :class:`DatasetError` naming the demo, key and problem.
@@ -82,13 +97,20 @@ def _h5py():
 
 @dataclass
 class Episode:
-    """One demonstration: frames [T, F], next frames [T, F], actions [T, A], rewards [T]."""
+    """One demonstration: frames [T, F], next frames [T, F], actions [T, A], rewards [T];
+    optionally camera frames and the instruction it follows."""
 
     obs: np.ndarray
     next_obs: np.ndarray
     actions: np.ndarray
     rewards: np.ndarray
     terminated: bool
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+    """Image key -> uint8 [T, H, W, C]: the camera frame at step t."""
+    next_images: dict[str, np.ndarray] = field(default_factory=dict)
+    """Image key -> uint8 [T, H, W, C]: the frame after step t (the same keys as images)."""
+    instruction: str | None = None
+    """The language instruction the episode follows (None: the task takes none)."""
 
     def __len__(self) -> int:
         return int(self.actions.shape[0])
@@ -127,6 +149,18 @@ class DemoDataset:
     def returns(self) -> np.ndarray:
         return np.array([e.ret for e in self.episodes])
 
+    @property
+    def image_keys(self) -> dict[str, tuple[int, int, int]]:
+        """Image key -> frame shape (H, W, C), as the first episode has them ({}: none)."""
+        if not self.episodes:
+            return {}
+        return {k: tuple(int(d) for d in v.shape[1:]) for k, v in self.episodes[0].images.items()}
+
+    @property
+    def instructions(self) -> list[str | None]:
+        """Each episode's instruction, in episode order."""
+        return [e.instruction for e in self.episodes]
+
     def windows(self, obs_history: int, horizon: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Training pairs for every step t of every episode.
 
@@ -159,6 +193,11 @@ class DemoDataset:
             "return_mean": float(r.mean()) if len(r) else float("nan"),
             "return_std": float(r.std()) if len(r) else float("nan"),
             **{k: v for k, v in self.info.items() if k in ("source", "action_noise", "seed")},
+            **(
+                {"images": {k: list(v) for k, v in self.image_keys.items()}}
+                if self.image_keys
+                else {}
+            ),
         }
 
 
@@ -166,6 +205,7 @@ class DemoDataset:
 def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
     """Write ``data`` in the schema above, atomically (a temp file, then a rename)."""
     h5py = _h5py()
+    image_keys = _check_images(data)
 
     def write(tmp: Path) -> None:
         with h5py.File(tmp, "w") as f:
@@ -185,6 +225,8 @@ def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
             for key in ("source", "action_noise", "seed"):
                 if key in data.info:
                     g.attrs[key] = data.info[key]
+            if image_keys:
+                g.attrs["image_keys"] = json.dumps([[k, list(v)] for k, v in image_keys.items()])
             for i, ep in enumerate(data.episodes):
                 d = g.create_group(f"demo_{i}")
                 n = len(ep)
@@ -204,8 +246,52 @@ def save_demos(path: str | os.PathLike, data: DemoDataset) -> Path:
                 terminals = np.zeros(n, dtype=np.uint8)
                 terminals[-1] = 1 if ep.terminated else 0
                 d.create_dataset("terminals", data=terminals)
+                if ep.instruction is not None:
+                    d.attrs["instruction"] = str(ep.instruction)
+                for key, shape in image_keys.items():
+                    for where, frames in (("obs", ep.images), ("next_obs", ep.next_images)):
+                        d.create_dataset(
+                            f"{where}/{key}",
+                            data=frames[key],
+                            chunks=(1, *shape),
+                            compression="gzip",
+                            compression_opts=4,
+                        )
 
     return atomic_write(path, write)
+
+
+def _check_images(data: DemoDataset) -> dict[str, tuple[int, int, int]]:
+    """The image keys of ``data``; ValueError naming the episode and key where an
+    episode's frames differ from the first episode's keys and shapes, are not uint8, do
+    not have one frame per step, or where a key is also an observation term."""
+    keys = data.image_keys
+    clash = sorted(set(keys) & {n for n, _ in data.obs_terms})
+    if clash:
+        raise ValueError(f"image keys {clash} are also observation terms; names must differ")
+    for i, ep in enumerate(data.episodes):
+        n = len(ep)
+        if ep.instruction is not None and not isinstance(ep.instruction, str):
+            raise ValueError(f"episode {i}: instruction must be a string, got {ep.instruction!r}")
+        for what, frames in (("images", ep.images), ("next_images", ep.next_images)):
+            if set(frames) != set(keys):
+                raise ValueError(
+                    f"episode {i}: {what} has keys {sorted(frames)}, the dataset's image keys "
+                    f"are {sorted(keys)}"
+                )
+            for key, shape in keys.items():
+                a = frames[key]
+                if not isinstance(a, np.ndarray) or a.dtype != np.uint8:
+                    raise ValueError(
+                        f"episode {i}: {what}[{key!r}] must be a uint8 array, got "
+                        f"{getattr(a, 'dtype', type(a).__name__)}"
+                    )
+                if a.shape != (n, *shape):
+                    raise ValueError(
+                        f"episode {i}: {what}[{key!r}] has shape {list(a.shape)}, expected "
+                        f"{[n, *shape]} (one {list(shape)} frame per step)"
+                    )
+    return keys
 
 
 # ---------------------------------------------------------------------- loading
@@ -241,13 +327,57 @@ def _array(group, key: str, where: str, shape: tuple[int | None, ...]) -> np.nda
     return arr
 
 
-def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
+def _image_keys(group, where: str, obs_terms: list[tuple[str, int]]) -> dict:
+    """The file's ``image_keys`` attribute as {key: (H, W, C)} ({} when absent)."""
+    if "image_keys" not in group.attrs:
+        return {}
+    raw = _json_attr(group, "image_keys", where)
+    try:
+        keys = {str(k): tuple(int(d) for d in shape) for k, shape in raw}
+    except (TypeError, ValueError):
+        raise DatasetError(f"{where}: image_keys must be [[key, [H, W, C]], ...]") from None
+    for key, shape in keys.items():
+        if len(shape) != 3 or min(shape) < 1:
+            raise DatasetError(
+                f"{where}: image key {key!r} has frame shape {list(shape)}; expected "
+                "[height, width, channels], all positive"
+            )
+    clash = sorted(set(keys) & {n for n, _ in obs_terms})
+    if clash:
+        raise DatasetError(f"{where}: image keys {clash} are also observation terms")
+    return keys
+
+
+def _frames(group, key: str, where: str, shape: tuple[int, ...]) -> np.ndarray:
+    """An image dataset, checked for dtype and shape before it is read."""
+    if key not in group:
+        raise DatasetError(f"{where}: image dataset {key!r} is missing")
+    obj = group[key]
+    if not hasattr(obj, "shape") or not hasattr(obj, "dtype"):
+        raise DatasetError(f"{where}: {key!r} is a group, expected an image dataset")
+    if obj.dtype != np.uint8:
+        raise DatasetError(f"{where}/{key}: image frames must be uint8, got dtype {obj.dtype}")
+    if tuple(obj.shape) != shape:
+        raise DatasetError(
+            f"{where}/{key}: image dataset has shape {list(obj.shape)}, expected "
+            f"{list(shape)} (one frame of image_keys' shape per step)"
+        )
+    return np.asarray(obj[()])
+
+
+def load_demos(
+    path: str | os.PathLike, task: str | None = None, images: bool = True
+) -> DemoDataset:
     """Read and validate a demonstration file; ``task`` (if given) must match its task.
+
+    ``images=False`` leaves a file's camera frames unread (a state-only learner needs
+    none, and they are most of the file); the instructions are read either way.
 
     Raises FileNotFoundError for a missing file and :class:`DatasetError` for a file that
     is not HDF5, lacks a group, attribute or dataset of the schema, has inconsistent
-    shapes or lengths, non-finite values, actions outside the action bounds, or another
-    schema version or task.
+    shapes or lengths, non-finite values, actions outside the action bounds, image frames
+    of another dtype or shape than ``image_keys`` declares, or another schema version or
+    task.
     """
     h5py = _h5py()
     path = Path(path)
@@ -295,6 +425,7 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
                 f"{where}: action_low/high must have one entry per joint ({a}), got "
                 f"{low.shape} and {high.shape}"
             )
+        image_keys = _image_keys(g, where, obs_terms)
         demos = sorted(
             (k for k in g.keys() if k.startswith("demo_")),
             key=lambda k: int(k[5:]) if k[5:].isdigit() else -1,
@@ -332,6 +463,14 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
             terminals = _array(d, "terminals", w, (n,))
             if (terminals[:-1] != 0).any():
                 raise DatasetError(f"{w}/terminals: only the last step may be terminal")
+            instruction = _attr(d, "instruction", w) if "instruction" in d.attrs else None
+            if instruction is not None and not isinstance(instruction, str):
+                raise DatasetError(f"{w}: attribute 'instruction' must be a string")
+            shown, shown_next = {}, {}
+            if images:
+                for key, shape in image_keys.items():
+                    shown[key] = _frames(d, f"obs/{key}", w, (n, *shape))
+                    shown_next[key] = _frames(d, f"next_obs/{key}", w, (n, *shape))
             episodes.append(
                 Episode(
                     np.concatenate(frames, axis=1).astype(np.float32),
@@ -339,6 +478,9 @@ def load_demos(path: str | os.PathLike, task: str | None = None) -> DemoDataset:
                     actions.astype(np.float32),
                     rewards.astype(np.float32),
                     bool(terminals[-1]),
+                    shown,
+                    shown_next,
+                    instruction,
                 )
             )
         total = int(_attr(g, "total", where))
