@@ -147,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         "--allow-busy", action="store_true", help="write to docs/ even if the machine was busy"
     )
     a = p.parse_args(argv)
-    from sim.machine_load import LoadMonitor
+    from sim.machine_load import LoadMonitor, wait_for_quiet
 
+    if not a.no_write:
+        wait_for_quiet()  # an earlier run's load takes tens of seconds to decay
     monitor = LoadMonitor(own_threads=1)  # before the work: the machine's load, not ours
     machine = _machine()
 
@@ -180,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         clock[0] += dt
         now = clock[0]
         safety.observe(now)
-        policy.act(frame, out=raw)
-        policy.to_joint_targets(raw, out=target)
+        policy.act(frame, out=raw, targets=target)
         return safety.filter(frame, target, now)
 
     def ort_only(frame: np.ndarray) -> np.ndarray:

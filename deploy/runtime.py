@@ -199,6 +199,7 @@ class OnnxPolicy:
         noise: np.ndarray | None = None,
         *,
         out: np.ndarray | None = None,
+        targets: np.ndarray | None = None,
     ) -> np.ndarray:
         """Run one control step on a single observation frame; return the raw action.
 
@@ -219,6 +220,9 @@ class OnnxPolicy:
                 or zeros in deterministic mode.
             out: optional float32/float64 array of ``num_joints`` values to write the
                 action into (avoids the one small allocation of the returned copy).
+            targets: optional float64 array of ``num_joints`` values that receives the
+                joint targets of the action (:meth:`to_joint_targets`): the robot's
+                control step in one call. All NaN on a rejected frame, like the action.
 
         Returns:
             The network output ``actions`` (before scale and offset), shape
@@ -229,6 +233,16 @@ class OnnxPolicy:
             raise ValueError(
                 f"observation frame must have shape ({self._frame_size},) (the sum of the "
                 f"obs term sizes), got shape {frame.shape}"
+            )
+        if targets is not None and (
+            targets.__class__ is not np.ndarray
+            or targets.dtype is not _F64
+            or targets.shape != self._joints_shape
+        ):
+            raise ValueError(
+                f"targets must be a float64 array of shape {self._joints_shape}, got "
+                f"{getattr(targets, 'dtype', type(targets).__name__)} "
+                f"{getattr(targets, 'shape', '')}"
             )
         if noise is not None:
             if self._noise is None:
@@ -251,6 +265,8 @@ class OnnxPolicy:
         )
         if head < 0:
             self._nonfinite_frames += 1
+            if targets is not None:
+                targets.fill(np.nan)  # as to_joint_targets of the all-NaN action
             if out is None:
                 return np.full(self._num_joints, np.nan, dtype=np.float32)
             out.fill(np.nan)
@@ -274,6 +290,8 @@ class OnnxPolicy:
             else:
                 self._nonfinite_state += 1
 
+        if targets is not None:
+            affine(self._action_row, self._scale, self._offset, targets)
         if out is None:
             return self._action_row.copy()
         out[...] = self._action_row

@@ -299,6 +299,26 @@ def test_session_called_directly_and_public_method_as_fallback(mlp):
     np.testing.assert_allclose(fast, np.tanh(frame.astype(np.float32) @ w + b), atol=1e-6)
 
 
+def test_act_writes_joint_targets_in_the_same_call(tmp_path):
+    """act(..., targets=) equals to_joint_targets of the action, bit for bit; a rejected
+    frame gives NaN targets (as the NaN action would); a wrong buffer is refused before
+    anything is committed."""
+    w, b = _weights(FRAME, NJ)
+    meta = _meta(action_scale=[0.5, 0.25, 2.0, 1.0], action_offset=[0.1, -0.2, 0.0, 0.3])
+    policy = OnnxPolicy(_save(tmp_path, mlp_model(w, b), meta))
+    raw, targets = np.empty(NJ, np.float32), np.empty(NJ)
+    for frame in np.random.default_rng(0).normal(size=(5, FRAME)):
+        policy.act(frame, out=raw, targets=targets)
+        np.testing.assert_array_equal(targets, policy.to_joint_targets(raw))
+    policy.act(np.full(FRAME, np.nan), out=raw, targets=targets)
+    assert np.isnan(targets).all() and np.isnan(raw).all()
+    steps = policy.counters["steps"]
+    for bad in (np.empty(NJ, np.float32), np.empty(NJ + 1), [0.0] * NJ):
+        with pytest.raises(ValueError, match="targets must be a float64 array"):
+            policy.act(np.zeros(FRAME), targets=bad)
+    assert policy.counters["steps"] == steps
+
+
 def test_wrong_frame_size_raises_value_error(mlp):
     policy = OnnxPolicy(mlp[0])
     with pytest.raises(ValueError, match=r"\(7,\).*\(8,\)"):

@@ -213,8 +213,8 @@ class PolicyController:
                 self.counters["bad_observation"] += 1
                 self.last_error = "non-finite sensor values (NaN or inf)"
         if self.safety.active:
-            raw = self.policy.act(frame, out=self._raw)
-            target = self.policy.to_joint_targets(raw, out=self._target)
+            self.policy.act(frame, out=self._raw, targets=self._target)
+            target = self._target
         else:
             target = self.safe_posture  # inactive: the safety layer sends the posture anyway
         out = self.safety.filter(frame, target, now)
