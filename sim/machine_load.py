@@ -8,21 +8,24 @@ per-round ratios, which a burst of load hits on both sides alike, and (3) writes
 figure into docs/ only when the machine was idle, unless told to write it marked as
 taken on a busy machine.
 
-"Busy" here: the 1-minute load average at the start above ``max_load`` (default 0.5:
-something else held a core for a good part of the last minute), or, on average over the
-samples, more runnable processes than the benchmark's own threads account for.
+"Busy" here: on average over the samples, more runnable processes than the benchmark's
+own threads account for (the direct evidence), or the 1-minute load average at the
+start above ``max_load``. That default is 1.0, a whole core held by others over the last
+minute: the average decays with a one-minute time constant, so a benchmark started
+right after another reads about 0.5 from that one alone.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LoadMonitor", "Sample", "interleaved_rounds", "median_ratio"]
+__all__ = ["LoadMonitor", "Sample", "interleaved_rounds", "median_ratio", "wait_for_quiet"]
 
-DEFAULT_MAX_LOAD = 0.5
+DEFAULT_MAX_LOAD = 1.0
 """1-minute load average above which the machine counts as busy at the start."""
 
 
@@ -107,6 +110,20 @@ class LoadMonitor:
             self.describe() + ": not written to docs/ (rerun on a quiet machine, or pass "
             "--allow-busy to write it marked as busy)"
         )
+
+
+def wait_for_quiet(
+    max_load: float = DEFAULT_MAX_LOAD, timeout_s: float = 120.0, poll_s: float = 2.0
+) -> Sample:
+    """Wait (up to ``timeout_s``) until the 1-minute load average is at most ``max_load``;
+    the last reading. After an earlier benchmark the average takes tens of seconds to
+    decay, and a run started before that would count as busy."""
+    deadline = time.monotonic() + timeout_s
+    sample = Sample.read()
+    while sample.load1 > max_load and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        sample = Sample.read()
+    return sample
 
 
 def interleaved_rounds(

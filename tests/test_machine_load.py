@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim.machine_load import LoadMonitor, Sample, interleaved_rounds, median_ratio
+from sim.machine_load import (
+    LoadMonitor,
+    Sample,
+    interleaved_rounds,
+    median_ratio,
+    wait_for_quiet,
+)
 
 
 def idle(load1: float = 0.1, runnable: int = 1) -> Sample:
@@ -27,6 +33,7 @@ def test_idle_machine_may_write():
 
 
 def test_high_load_at_start_is_busy_and_refused_unless_allowed():
+    assert not LoadMonitor(own_threads=1, before=idle(load1=0.6)).busy  # a decaying average
     m = LoadMonitor(own_threads=1, before=idle(load1=1.7))
     m.sample()
     assert m.busy
@@ -69,3 +76,10 @@ def test_bad_rounds_are_errors():
         interleaved_rounds({"a": lambda: 1.0}, 0)
     with pytest.raises(ValueError, match="same, non-zero number of rounds"):
         median_ratio([1.0, 2.0], [1.0])
+
+
+def test_waiting_for_a_quiet_machine_gives_up_at_its_timeout():
+    s = wait_for_quiet(max_load=-1.0, timeout_s=0.05, poll_s=0.01)  # never quiet enough
+    assert s.load1 > -1.0
+    s = wait_for_quiet(max_load=1e9, timeout_s=10.0)  # already quiet: returns at once
+    assert s.load1 < 1e9

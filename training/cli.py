@@ -263,9 +263,7 @@ def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
     return list(a.overrides) + [f"{key}={value}" for value, key in flags if value is not None]
 
 
-def _new_config(
-    algo: str, a: argparse.Namespace, overrides: dict[str, Any]
-) -> tuple[Any, Path]:
+def _new_config(algo: str, a: argparse.Namespace, overrides: dict[str, Any]) -> tuple[Any, Path]:
     from training.config import ConfigError
     from training.train_configs import build_bc_config, build_ppo_config
 
@@ -607,7 +605,18 @@ def cmd_collect(args: argparse.Namespace, rest: list[str]) -> int:
 def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     from sim.bench import report
 
-    return report(args.tasks, args.envs, args.seconds, args.async_max_envs, args.json)
+    return report(
+        args.tasks,
+        args.envs,
+        args.seconds,
+        args.async_max_envs,
+        args.json,
+        rounds=args.rounds,
+        envpool=args.envpool,
+        no_envpool=args.no_envpool,
+        doc=args.doc,
+        allow_busy=args.allow_busy,
+    )
 
 
 def cmd_demo(args: argparse.Namespace, rest: list[str]) -> int:
@@ -654,7 +663,7 @@ def _env_option_args(s: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON",
         help="with --randomize: sim-to-real settings over those the policy trained with, e.g. "
-        "'{\"friction_scale\": [0.3, 1.5], \"action_latency\": [0, 2]}'",
+        '\'{"friction_scale": [0.3, 1.5], "action_latency": [0, 2]}\'',
     )
 
 
@@ -715,8 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_object,
         default=None,
         metavar="JSON",
-        help="with --stress: the rows and their levels, e.g. '{\"friction\": [1, 0.3], "
-        "\"latency\": [0, 3]}' (default: every shift at its default levels)",
+        help='with --stress: the rows and their levels, e.g. \'{"friction": [1, 0.3], '
+        '"latency": [0, 3]}\' (default: every shift at its default levels)',
     )
     s.add_argument(
         "--seconds",
@@ -835,6 +844,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--async-max-envs", type=_count, default=16, help="AsyncVectorEnv runs one process per env"
     )
     b.add_argument("--json", type=str, default=None, help="also write the rows to this JSON file")
+    b.add_argument(
+        "--rounds", type=_count, default=3, help="interleaved rounds (ours, peers, ours, ...)"
+    )
+    b.add_argument(
+        "--envpool",
+        default=None,
+        help="EnvPool's interpreter (default .venv-envpool/bin/python if scripts/"
+        "setup_envpool.sh made it)",
+    )
+    b.add_argument("--no-envpool", action="store_true", help="leave EnvPool out")
+    b.add_argument("--doc", default=None, help="write the markdown table here (idle machine only)")
+    b.add_argument("--allow-busy", action="store_true", help="with --doc: write it marked as busy")
     s.set_defaults(handler=cmd_bench)
 
     s = sub.add_parser("demo", help="train, export and evaluate on the built-in default")
