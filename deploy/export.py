@@ -15,9 +15,23 @@ axis, the checker, the metadata, the parity check against torch, an atomic write
 sampler unrolled for a fixed number of steps inside the wrapper) or a world-model actor
 only has to call :func:`register_exporter` with its wrapper.
 
-Built in: ``gaussian_mlp`` (the deterministic mean action) and ``recurrent`` (GRU/LSTM,
+Built in: ``gaussian_mlp`` (the deterministic mean action), ``recurrent`` (GRU/LSTM,
 the torch state layout ``[layers, B, hidden]`` transposed to the runtime's batch-first
-``[B, layers, hidden]`` inside the graph).
+``[B, layers, hidden]`` inside the graph) and ``vla_flow``.
+
+A VLA family (:data:`deploy.metadata.VLA_FAMILIES`) has the typed graph of
+:mod:`deploy.metadata`'s VLA contract instead::
+
+    forward(image uint8 [B, H, W, 3], instruction_ids int64 [B, L], proprio [B, P],
+            noise [B, *noise_shape]) -> actions [B, horizon, num_joints]
+
+(the module of ``VLAPolicy.inference_module()``: flow steps unrolled, normalization
+inside). Its parity inputs are valid ones: uint8 images, instructions of every length
+made of the tokenizer's own ids, proprio in the range the normalizer has seen. Its
+tokenizer file (``export_policy(..., tokenizer=...)``) is checked against the hash the
+metadata records and copied next to the ``.onnx`` under the name the metadata records;
+both files are loaded together by :class:`deploy.vla_runtime.OnnxVLAPolicy` before
+either is moved into place.
 
 The TorchScript exporter (``torch.onnx.export(..., dynamo=False)``) is used: it is fast,
 and it turns ``nn.GRU``/``nn.LSTM`` into ONNX's GRU/LSTM ops.
@@ -26,6 +40,7 @@ and it turns ``nn.GRU``/``nn.LSTM`` into ONNX's GRU/LSTM ops.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import tempfile
 import warnings
@@ -38,7 +53,7 @@ import torch
 from torch import nn
 
 from deploy.files import atomic_write
-from deploy.metadata import PolicyMetadata, write_metadata
+from deploy.metadata import VLA_PROPRIO_INPUT, PolicyMetadata, write_metadata
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -140,8 +155,56 @@ def _recurrent_exporter(module: nn.Module, meta: PolicyMetadata) -> nn.Module:
     return _RecurrentWrapper(module, len(meta.recurrent_state))
 
 
+def _vla_exporter(module: nn.Module, meta: PolicyMetadata) -> nn.Module:
+    """The VLA inference module already has the graph's layout; check that the metadata
+    describes it (each attribute the module exposes, as ``VLAInference`` does)."""
+    image, instr, chunk = meta.image_input, meta.instruction_input, meta.action_chunk
+    assert image is not None and instr is not None and chunk is not None
+    if image["height"] != image["width"]:
+        raise ExportError(
+            f"metadata image_input is {image['height']} x {image['width']}; the VLA backbone "
+            "takes square images"
+        )
+    want = {
+        "image_size": (image["height"], "image_input.height/width"),
+        "max_instruction_tokens": (instr["max_tokens"], "instruction_input.max_tokens"),
+        "pad_token_id": (instr["pad_id"], "instruction_input.pad_id"),
+        "proprio_size": (meta.obs_size, "the sum of obs_terms (the proprio terms)"),
+        "horizon": (chunk["horizon"], "action_chunk.horizon"),
+        "action_size": (meta.num_joints, "the number of action_joint_names"),
+        "steps": (meta.flow_steps, "flow_steps"),
+        "noise_shape": (tuple(meta.noise_shape or ()), "noise_shape"),
+    }
+    backbone = getattr(module, "backbone", None)
+    vocab = getattr(backbone, "vocab_size", None)
+    for name, (value, field_name) in want.items():
+        got = getattr(module, name, None)
+        if got is not None and (tuple(got) if name == "noise_shape" else got) != value:
+            raise ExportError(
+                f"the VLA module's {name} is {got} but the metadata's {field_name} is {value}"
+            )
+    if vocab is not None and vocab != instr["vocab_size"]:
+        raise ExportError(
+            f"the VLA module embeds {vocab} tokens but the metadata's "
+            f"instruction_input.vocab_size is {instr['vocab_size']}"
+        )
+    scale, shift = getattr(backbone, "pixel_scale", None), getattr(backbone, "pixel_shift", None)
+    if isinstance(scale, torch.Tensor) and isinstance(shift, torch.Tensor):
+        # the graph computes x * scale + shift with scale = 1 / (255 std), shift = -mean / std
+        std = 1.0 / (255.0 * scale.double().reshape(-1))
+        mean = -shift.double().reshape(-1) * std
+        for key, values in (("mean", mean), ("std", std)):
+            if not np.allclose(values.numpy(), image[key], rtol=1e-6, atol=1e-6):
+                raise ExportError(
+                    f"the VLA module normalizes images with {key} {values.tolist()} but the "
+                    f"metadata's image_input.{key} is {image[key]}"
+                )
+    return module
+
+
 register_exporter("gaussian_mlp", _gaussian_exporter)
 register_exporter("recurrent", _recurrent_exporter)
+register_exporter("vla_flow", _vla_exporter)
 
 
 # ---------------------------------------------------------------------- export
@@ -153,6 +216,7 @@ def export_policy(
     opset: int = DEFAULT_OPSET,
     parity_batch: int = 8,
     seed: int = 0,
+    tokenizer: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Export an inference module with its metadata to ``out_path``; return the path.
 
@@ -168,6 +232,13 @@ def export_policy(
     ``extra[PARITY_KEY]``); load the file with :class:`deploy.runtime.
     OnnxPolicy` as the robot will; and only then move it into place atomically, so a
     failed export never leaves a file at ``out_path``.
+
+    A VLA family (see the module docstring) needs ``tokenizer``, the instruction
+    tokenizer's JSON file, whose sha256 must be the metadata's
+    ``instruction_input.tokenizer_sha256`` (:func:`deploy.tokenizer.file_sha256`); it is
+    copied next to ``out_path`` as ``instruction_input.tokenizer_file``, and the pair is
+    loaded by :class:`deploy.vla_runtime.OnnxVLAPolicy` before either is moved into
+    place (the tokenizer first: a new policy never appears without its tokenizer).
     """
     import onnx
 
@@ -183,6 +254,10 @@ def export_policy(
             f"the inference module is a {module_family!r} policy but the metadata says {family!r}"
         )
     meta = dataclasses.replace(meta, opset=int(opset), extra=dict(meta.extra))
+    out_path = Path(out_path)
+    if out_path.is_dir():
+        out_path = out_path / "policy.onnx"
+    vocab = _load_tokenizer(meta, tokenizer, out_path)
     inference_module = inference_module.cpu().eval()  # export on the CPU, in eval mode
     _check_finite_tensors(inference_module, "the inference module")
     wrapper = _EXPORTERS[family](inference_module, meta).eval()
@@ -191,11 +266,8 @@ def export_policy(
     output_shapes = _output_shapes(meta)
     _check_module_sizes(inference_module, meta)
 
-    out_path = Path(out_path)
-    if out_path.is_dir():
-        out_path = out_path / "policy.onnx"
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    example = _random_inputs(inference_module, input_shapes, 1, seed)
+    example = _random_inputs(inference_module, meta, input_shapes, 1, seed, vocab)
     with tempfile.TemporaryDirectory(prefix=".export-", dir=out_path.parent) as tmp:
         traced = Path(tmp) / "traced.onnx"
         with torch.no_grad(), warnings.catch_warnings():
@@ -222,7 +294,9 @@ def export_policy(
 
         error = 0.0
         for batch in (parity_batch, 1):
-            inputs = _random_inputs(inference_module, input_shapes, batch, seed + batch)
+            inputs = _random_inputs(
+                inference_module, meta, input_shapes, batch, seed + batch, vocab
+            )
             error = max(error, _parity(model, wrapper, inputs, list(output_shapes)))
         if not error <= PARITY_TOLERANCE:
             raise ExportError(
@@ -232,6 +306,8 @@ def export_policy(
         meta.extra[PARITY_KEY] = f"{error:.3e}"
         write_metadata(model, meta)
         onnx.checker.check_model(model, full_check=True)
+        if vocab is not None:
+            return _write_vla(model.SerializeToString(), vocab, out_path, Path(tmp))
 
     from deploy.runtime import OnnxPolicy
 
@@ -239,7 +315,84 @@ def export_policy(
     return atomic_write(out_path, model.SerializeToString(), verify=OnnxPolicy)
 
 
+class _Vocabulary:
+    """The export's view of a VLA tokenizer: its file's bytes and the ids instructions
+    are made of (for valid parity inputs)."""
+
+    def __init__(self, data: bytes, name: str, word_ids: list[int]) -> None:
+        self.data = data
+        self.name = name
+        self.word_ids = word_ids
+
+
+def _load_tokenizer(
+    meta: PolicyMetadata, tokenizer: str | os.PathLike[str] | None, out_path: Path
+) -> _Vocabulary | None:
+    """The checked tokenizer of a VLA export; None for the other families."""
+    spec = meta.instruction_input
+    if spec is None:
+        if tokenizer is not None:
+            raise ExportError(
+                f"a tokenizer was given but policy family {meta.policy_family!r} has no "
+                "instruction input"
+            )
+        return None
+    if tokenizer is None:
+        raise ExportError(
+            f"a {meta.policy_family!r} policy needs its instruction tokenizer: pass "
+            "export_policy(..., tokenizer=<tokenizer.json>)"
+        )
+    if spec["tokenizer_file"] == out_path.name:
+        raise ExportError(
+            f"metadata instruction_input.tokenizer_file {spec['tokenizer_file']!r} is the "
+            "policy file's own name"
+        )
+    from deploy.tokenizer import InstructionTokenizer, TokenizerFileError
+
+    try:
+        tok = InstructionTokenizer(
+            tokenizer,
+            max_tokens=spec["max_tokens"],
+            pad_id=spec["pad_id"],
+            vocab_size=spec["vocab_size"],
+            sha256=spec["tokenizer_sha256"],
+            what="tokenizer file given to the export",
+        )
+    except TokenizerFileError as exc:
+        raise ExportError(f"{exc} (metadata sim2real.instruction_input)") from exc
+    data = Path(tokenizer).read_bytes()
+    if hashlib.sha256(data).hexdigest() != tok.sha256:
+        raise ExportError(f"tokenizer file {os.fspath(tokenizer)!r} changed during the export")
+    specials = {spec["pad_id"], tok.unk_id}
+    word_ids = [i for i in range(tok.vocab_size) if i not in specials]
+    if not word_ids:
+        raise ExportError(f"tokenizer file {os.fspath(tokenizer)!r} has no word tokens")
+    return _Vocabulary(data, spec["tokenizer_file"], word_ids)
+
+
+def _write_vla(model: bytes, vocab: _Vocabulary, out_path: Path, tmp: Path) -> Path:
+    """Load the policy and its tokenizer together as the robot will, then move both into
+    place, the tokenizer first."""
+    from deploy.vla_runtime import OnnxVLAPolicy
+
+    staged = tmp / out_path.name
+    staged.write_bytes(model)
+    (tmp / vocab.name).write_bytes(vocab.data)
+    OnnxVLAPolicy(staged)
+    atomic_write(out_path.parent / vocab.name, vocab.data)
+    return atomic_write(out_path, model)
+
+
 def _input_shapes(meta: PolicyMetadata) -> dict[str, tuple[int, ...]]:
+    if meta.is_vla:
+        image, instr = meta.image_input, meta.instruction_input
+        assert image is not None and instr is not None and meta.noise_shape is not None
+        return {
+            image["name"]: (image["height"], image["width"], image["channels"]),
+            instr["name"]: (instr["max_tokens"],),
+            VLA_PROPRIO_INPUT: (meta.obs_size,),
+            "noise": tuple(meta.noise_shape),
+        }
     shapes: dict[str, tuple[int, ...]] = {"obs": (meta.obs_size,)}
     if meta.noise_shape is not None:
         shapes["noise"] = tuple(meta.noise_shape)
@@ -249,6 +402,8 @@ def _input_shapes(meta: PolicyMetadata) -> dict[str, tuple[int, ...]]:
 
 
 def _output_shapes(meta: PolicyMetadata) -> dict[str, tuple[int, ...]]:
+    if meta.is_vla:
+        return {"actions": meta.chunk_shape}
     shapes: dict[str, tuple[int, ...]] = {"actions": (meta.num_joints,)}
     for name, shape in meta.recurrent_state:
         shapes["next_" + name] = tuple(shape)
@@ -295,15 +450,32 @@ def _check_finite_tensors(module: nn.Module, what: str) -> None:
 
 
 def _random_inputs(
-    module: nn.Module, shapes: Mapping[str, tuple[int, ...]], batch: int, seed: int
+    module: nn.Module,
+    meta: PolicyMetadata,
+    shapes: Mapping[str, tuple[int, ...]],
+    batch: int,
+    seed: int,
+    vocab: _Vocabulary | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Random graph inputs: observations in the range the normalizer has seen."""
+    """Random graph inputs that are valid ones: observations (and a VLA's proprio) in the
+    range the normalizer has seen, uint8 images, instructions of the tokenizer's ids."""
     gen = torch.Generator().manual_seed(seed)
+    image = meta.image_input["name"] if meta.image_input else None
+    instruction = meta.instruction_input["name"] if meta.instruction_input else None
     out: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
+        if name == image:
+            out[name] = torch.randint(0, 256, (batch, *shape), dtype=torch.uint8, generator=gen)
+            continue
+        if name == instruction:
+            assert vocab is not None and meta.instruction_input is not None
+            out[name] = _random_ids(vocab, meta.instruction_input["pad_id"], batch, shape[0], gen)
+            continue
         x = torch.randn(batch, *shape, generator=gen)
-        if name == "obs":
+        if name in ("obs", VLA_PROPRIO_INPUT):
             norm = getattr(module, "normalizer", None)
+            if name == VLA_PROPRIO_INPUT:
+                norm = getattr(getattr(module, "backbone", None), "proprio_normalizer", None)
             mean, var = getattr(norm, "mean", None), getattr(norm, "var", None)
             if isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
                 if mean.shape == shape:
@@ -312,6 +484,21 @@ def _random_inputs(
             x = torch.tanh(x)
         out[name] = x.contiguous()
     return out
+
+
+def _random_ids(
+    vocab: _Vocabulary, pad_id: int, batch: int, max_tokens: int, gen: torch.Generator
+) -> torch.Tensor:
+    """Instructions of random lengths 1..max_tokens (the longest and the shortest always
+    among them when the batch allows), the tokenizer's word ids, right-padded."""
+    words = torch.tensor(vocab.word_ids, dtype=torch.long)
+    ids = words[torch.randint(0, len(words), (batch, max_tokens), generator=gen)]
+    lengths = torch.randint(1, max_tokens + 1, (batch,), generator=gen)
+    lengths[0] = max_tokens
+    if batch > 1:
+        lengths[1] = 1
+    ids[torch.arange(max_tokens).unsqueeze(0) >= lengths.unsqueeze(1)] = pad_id
+    return ids.contiguous()
 
 
 def _parity(

@@ -33,6 +33,39 @@ builds its env from them. They were added without a version bump because they ar
 optional and a reader of version 1 ignores keys it does not know, so new files still
 load on robots with an older reader.
 
+Vision-language-action policies (family ``"vla_flow"``) add four optional fields, all
+set for that family and null for every other one:
+
+- ``image_input``: the camera image input, ``{"name", "height", "width", "channels": 3,
+  "dtype": "uint8", "channel_order": "RGB", "layout": "HWC", "camera", "mean", "std"}``;
+  ``mean`` and ``std`` are the per-channel normalization on the [0, 1] scale that the
+  graph applies *inside* (recorded so that a reader knows what the network expects, not
+  for the robot to apply).
+- ``instruction_input``: the token-id input, ``{"name", "max_tokens", "pad_id",
+  "vocab_size", "tokenizer_file", "tokenizer_sha256"}``; the tokenizer is a
+  ``tokenizers`` JSON file next to the ``.onnx`` (a bare file name), checked by its
+  sha256 on load (:mod:`deploy.tokenizer`); ``vocab_size`` is the rows of the model's
+  token embedding, which every id must be below.
+- ``action_chunk``: ``{"horizon", "act_steps"}``: the graph returns ``horizon`` actions;
+  the robot executes the first ``act_steps`` of each, as training did.
+- ``flow_steps``: the Euler steps unrolled inside the graph.
+
+For that family ``obs_terms`` are the proprioceptive terms, in order, and the VLA graph
+contract replaces the one above (checked by :mod:`deploy.vla_runtime`): inputs
+``image_input.name`` uint8 ``[batch, H, W, C]``, ``instruction_input.name`` int64
+``[batch, max_tokens]`` (right-padded with ``pad_id``), ``proprio`` float32
+``[batch, obs_size]``, ``noise`` float32 ``[batch, *noise_shape]`` (``[horizon, A]``, or
+``[flow_steps + 1, horizon, A]`` for a stochastic sampler); output ``actions`` float32
+``[batch, horizon, num_joints]``, the raw actions of the chunk (scale and offset apply
+per action as above).
+
+An older reader must not run such a file as an observation-only policy, and it does
+not: its ``policy_family`` check refuses a family it does not know (``field
+'sim2real.policy_family': 'vla_flow' is not one of (...)``) before any graph is run,
+and its graph check would refuse the missing ``obs`` input anyway. So the format
+version stays 1: files of the older families are unchanged and every reader either
+runs a file correctly or names why it cannot.
+
 Reading needs only the standard library and onnxruntime (a robot computer has neither
 torch nor necessarily onnx); :func:`write_metadata` uses the ``onnx`` package, which is
 imported lazily because only the export side calls it.
@@ -55,20 +88,63 @@ FORMAT_VERSION = 1
 KEY_PREFIX = "sim2real."
 """Prefix of every metadata key written by :func:`to_props`."""
 
-POLICY_FAMILIES = ("gaussian_mlp", "recurrent", "diffusion", "flow", "world_model")
+POLICY_FAMILIES = ("gaussian_mlp", "recurrent", "diffusion", "flow", "world_model", "vla_flow")
 """Allowed values of :attr:`PolicyMetadata.policy_family`."""
 
-OPTIONAL_FIELDS = ("task_args", "sim_to_real", "trained_randomized")
+VLA_FAMILIES = ("vla_flow",)
+"""Families with image and instruction inputs and a chunk output (:mod:`deploy.vla_runtime`
+runs them; :class:`deploy.runtime.OnnxPolicy` cannot)."""
+
+VLA_FIELDS = ("image_input", "instruction_input", "action_chunk", "flow_steps")
+"""Fields every file of a :data:`VLA_FAMILIES` family sets and no other file does."""
+
+OPTIONAL_FIELDS = ("task_args", "sim_to_real", "trained_randomized", *VLA_FIELDS)
 """Fields a file may lack (written before they existed): they read as their defaults."""
 
 RESERVED_IO_NAMES = ("obs", "noise", "actions")
 """Graph input/output names with a fixed meaning; recurrent states may not use them."""
 
+VLA_PROPRIO_INPUT = "proprio"
+"""Graph input of a VLA policy's proprioceptive terms (``obs_terms``), float32."""
+
+IMAGE_INPUT_KEYS = (
+    "name",
+    "height",
+    "width",
+    "channels",
+    "dtype",
+    "channel_order",
+    "layout",
+    "camera",
+    "mean",
+    "std",
+)
+"""Keys of :attr:`PolicyMetadata.image_input`."""
+
+INSTRUCTION_INPUT_KEYS = (
+    "name",
+    "max_tokens",
+    "pad_id",
+    "vocab_size",
+    "tokenizer_file",
+    "tokenizer_sha256",
+)
+"""Keys of :attr:`PolicyMetadata.instruction_input`."""
+
+ACTION_CHUNK_KEYS = ("horizon", "act_steps")
+"""Keys of :attr:`PolicyMetadata.action_chunk`."""
+
 __all__ = [
+    "ACTION_CHUNK_KEYS",
     "FORMAT_VERSION",
+    "IMAGE_INPUT_KEYS",
+    "INSTRUCTION_INPUT_KEYS",
     "KEY_PREFIX",
     "OPTIONAL_FIELDS",
     "POLICY_FAMILIES",
+    "VLA_FAMILIES",
+    "VLA_FIELDS",
+    "VLA_PROPRIO_INPUT",
     "MetadataError",
     "PolicyLoadError",
     "PolicyMetadata",
@@ -138,6 +214,11 @@ class PolicyMetadata:
     task_args: dict[str, Any] = field(default_factory=dict)
     sim_to_real: dict[str, Any] | None = None
     trained_randomized: bool | None = None
+    # vision-language-action policies only (see the module doc); optional
+    image_input: dict[str, Any] | None = None
+    instruction_input: dict[str, Any] | None = None
+    action_chunk: dict[str, int] | None = None
+    flow_steps: int | None = None
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -164,6 +245,11 @@ class PolicyMetadata:
         """Number of action joints (the last dimension of the ``actions`` output)."""
         return len(self.action_joint_names)
 
+    @property
+    def is_vla(self) -> bool:
+        """Whether the policy has image and instruction inputs (:data:`VLA_FAMILIES`)."""
+        return self.policy_family in VLA_FAMILIES
+
     # ------------------------------------------------------------------ normalization
     def _normalize(self) -> None:
         """Coerce field values to plain Python types, naming the field on failure."""
@@ -185,6 +271,10 @@ class PolicyMetadata:
             "task_args": _as_json_object,
             "sim_to_real": lambda v: None if v is None else _as_json_object(v),
             "trained_randomized": lambda v: None if v is None else _as_bool(v),
+            "image_input": lambda v: None if v is None else _as_image_input(v),
+            "instruction_input": lambda v: None if v is None else _as_instruction_input(v),
+            "action_chunk": lambda v: None if v is None else _as_action_chunk(v),
+            "flow_steps": lambda v: None if v is None else _as_int(v),
         }
         for name in _PER_JOINT_FIELDS:
             converters[name] = lambda v: [_as_float(x) for x in _as_list(v)]
@@ -249,6 +339,86 @@ class PolicyMetadata:
             )
         if self.opset <= 0:
             _fail("opset", f"must be positive, got {self.opset}")
+        self._validate_vla()
+
+    def _validate_vla(self) -> None:
+        present = [name for name in VLA_FIELDS if getattr(self, name) is not None]
+        if not self.is_vla:
+            if present:
+                _fail(
+                    present[0],
+                    f"is set but policy family {self.policy_family!r} has no image or "
+                    f"instruction input (only {VLA_FAMILIES} do)",
+                )
+            return
+        for name in VLA_FIELDS:
+            if getattr(self, name) is None:
+                _fail(name, f"is required for policy family {self.policy_family!r}")
+        if self.obs_history_length != 1:
+            _fail("obs_history_length", "must be 1 for a VLA policy (it sees one frame)")
+        if self.recurrent_state:
+            _fail("recurrent_state", "must be empty for a VLA policy (the robot executes chunks)")
+        image, instr, chunk = self.image_input, self.instruction_input, self.action_chunk
+        steps = self.flow_steps
+        assert image is not None and instr is not None and chunk is not None and steps is not None
+        if steps < 1:
+            _fail("flow_steps", f"must be >= 1, got {steps}")
+        for key in ("height", "width", "channels"):
+            if image[key] < 1:
+                _fail("image_input", f"{key} must be >= 1, got {image[key]}")
+        for key, want in (("dtype", "uint8"), ("channel_order", "RGB"), ("layout", "HWC")):
+            if image[key] != want:
+                _fail("image_input", f"{key} must be {want!r}, got {image[key]!r}")
+        if image["channels"] != 3:
+            _fail("image_input", f"channels must be 3 (RGB), got {image['channels']}")
+        for key in ("mean", "std"):
+            values = image[key]
+            if len(values) != image["channels"] or not all(math.isfinite(v) for v in values):
+                _fail("image_input", f"{key} must be {image['channels']} finite numbers")
+        if not all(v > 0 for v in image["std"]):
+            _fail("image_input", f"std must be > 0, got {image['std']}")
+        if instr["max_tokens"] < 1:
+            _fail("instruction_input", f"max_tokens must be >= 1, got {instr['max_tokens']}")
+        if not 0 <= instr["pad_id"] < instr["vocab_size"]:
+            _fail(
+                "instruction_input",
+                f"pad_id must be in [0, vocab_size={instr['vocab_size']}), got {instr['pad_id']}",
+            )
+        name = instr["tokenizer_file"]
+        # a bare name: the file sits next to the .onnx, never elsewhere on the robot
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            _fail(
+                "instruction_input",
+                f"tokenizer_file must be a file name next to the policy file, got {name!r}",
+            )
+        digest = instr["tokenizer_sha256"]
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            _fail(
+                "instruction_input",
+                f"tokenizer_sha256 must be 64 lowercase hex digits, got {digest!r}",
+            )
+        names = [image["name"], instr["name"], VLA_PROPRIO_INPUT, "noise"]
+        if len(set(names)) != len(names) or not all(names) or "actions" in names:
+            _fail("image_input", f"graph input names {names} must be distinct and not 'actions'")
+        if not 1 <= chunk["act_steps"] <= chunk["horizon"]:
+            _fail(
+                "action_chunk",
+                f"act_steps must be in [1, horizon={chunk['horizon']}], got {chunk['act_steps']}",
+            )
+        x0 = [chunk["horizon"], self.num_joints]
+        if self.noise_shape not in (x0, [steps + 1, *x0]):
+            _fail(
+                "noise_shape",
+                f"must be [horizon, joints] = {x0} or, for a stochastic sampler, [flow_steps "
+                f"+ 1, horizon, joints] = {[steps + 1, *x0]}; got {self.noise_shape}",
+            )
+
+    @property
+    def chunk_shape(self) -> tuple[int, int]:
+        """``(horizon, num_joints)``: the ``actions`` output of a VLA policy, per row."""
+        if self.action_chunk is None:
+            raise MetadataError(f"policy family {self.policy_family!r} has no action chunk")
+        return (self.action_chunk["horizon"], self.num_joints)
 
 
 # ---------------------------------------------------------------------- serialization
@@ -497,6 +667,44 @@ def _as_recurrent_state(value: Any) -> list[tuple[str, list[int]]]:
         (_as_str(name), [_as_int(d) for d in _as_list(shape)])
         for name, shape in map(_as_pair, _as_list(value))
     ]
+
+
+def _as_spec(value: Any, keys: tuple[str, ...], convert: Mapping[str, Any]) -> dict[str, Any]:
+    """A mapping with exactly ``keys``, each value converted (naming the key on failure)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected a mapping with keys {list(keys)}, got {type(value).__name__}")
+    missing = [k for k in keys if k not in value]
+    unknown = [k for k in value if k not in keys]
+    if missing or unknown:
+        raise ValueError(f"expected keys {list(keys)}: missing {missing}, unknown {unknown}")
+    out: dict[str, Any] = {}
+    for key in keys:
+        try:
+            out[key] = convert[key](value[key])
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"key {key!r}: {exc}") from None
+    return out
+
+
+def _as_float_list(value: Any) -> list[float]:
+    return [_as_float(x) for x in _as_list(value)]
+
+
+def _as_image_input(value: Any) -> dict[str, Any]:
+    convert = dict.fromkeys(IMAGE_INPUT_KEYS, _as_str)
+    convert.update(height=_as_int, width=_as_int, channels=_as_int)
+    convert.update(mean=_as_float_list, std=_as_float_list)
+    return _as_spec(value, IMAGE_INPUT_KEYS, convert)
+
+
+def _as_instruction_input(value: Any) -> dict[str, Any]:
+    convert = dict.fromkeys(INSTRUCTION_INPUT_KEYS, _as_int)
+    convert.update(name=_as_str, tokenizer_file=_as_str, tokenizer_sha256=_as_str)
+    return _as_spec(value, INSTRUCTION_INPUT_KEYS, convert)
+
+
+def _as_action_chunk(value: Any) -> dict[str, int]:
+    return _as_spec(value, ACTION_CHUNK_KEYS, dict.fromkeys(ACTION_CHUNK_KEYS, _as_int))
 
 
 def _as_str_dict(value: Any) -> dict[str, str]:

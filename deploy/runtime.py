@@ -83,6 +83,11 @@ class OnnxPolicy:
                 f"cannot load policy file {self.path!r} (truncated or corrupted?): {exc}"
             ) from exc
         self.metadata: PolicyMetadata = from_props(self.session.get_modelmeta().custom_metadata_map)
+        if self.metadata.is_vla:
+            raise PolicyLoadError(
+                f"policy file {self.path!r} is a vision-language-action policy (image and "
+                "instruction inputs): load it with deploy.vla_runtime.OnnxVLAPolicy"
+            )
         self._max_batch = self._check_graph()
 
         meta = self.metadata
