@@ -33,11 +33,36 @@ from deploy.metadata import (
     from_props,
 )
 
-__all__ = ["MetadataError", "OnnxPolicy", "PolicyLoadError"]
+__all__ = ["MetadataError", "OnnxPolicy", "PolicyLoadError", "open_session"]
 
 _FLOAT = "tensor(float)"
 _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
+
+
+def open_session(
+    path: str, intra_op_threads: int, providers: Sequence[str]
+) -> tuple[ort.InferenceSession, PolicyMetadata]:
+    """The onnxruntime session of a policy file and its metadata, for every runtime.
+
+    Raises FileNotFoundError, PolicyLoadError (onnxruntime cannot load the file) or
+    MetadataError (the metadata is missing or malformed).
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(2, "policy file not found", path)
+    check_file_complete(path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = int(intra_op_threads)
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    try:
+        session = ort.InferenceSession(path, options, providers=list(providers))
+    except Exception as exc:  # onnxruntime's errors do not share a useful base class
+        raise PolicyLoadError(
+            f"cannot load policy file {path!r} (truncated or corrupted?): {exc}"
+        ) from exc
+    return session, from_props(session.get_modelmeta().custom_metadata_map)
 
 
 class OnnxPolicy:
@@ -68,21 +93,7 @@ class OnnxPolicy:
         deterministic: bool = False,
     ) -> None:
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(2, "policy file not found", self.path)
-        check_file_complete(self.path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(intra_op_threads)
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            self.session = ort.InferenceSession(self.path, options, providers=list(providers))
-        except Exception as exc:  # onnxruntime's errors do not share a useful base class
-            raise PolicyLoadError(
-                f"cannot load policy file {self.path!r} (truncated or corrupted?): {exc}"
-            ) from exc
-        self.metadata: PolicyMetadata = from_props(self.session.get_modelmeta().custom_metadata_map)
+        self.session, self.metadata = open_session(self.path, intra_op_threads, providers)
         if self.metadata.is_vla:
             raise PolicyLoadError(
                 f"policy file {self.path!r} is a vision-language-action policy (image and "

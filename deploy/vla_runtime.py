@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from deploy.arrays import ActionMap
 from deploy.metadata import (
@@ -35,9 +34,8 @@ from deploy.metadata import (
     MetadataError,
     PolicyLoadError,
     PolicyMetadata,
-    check_file_complete,
-    from_props,
 )
+from deploy.runtime import open_session
 from deploy.tokenizer import InstructionTokenizer, TokenizerFileError
 
 __all__ = ["MetadataError", "OnnxVLAPolicy", "PolicyLoadError", "TokenizerFileError"]
@@ -76,21 +74,7 @@ class OnnxVLAPolicy:
         deterministic: bool = False,
     ) -> None:
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise FileNotFoundError(2, "policy file not found", self.path)
-        check_file_complete(self.path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(intra_op_threads)
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            self.session = ort.InferenceSession(self.path, options, providers=list(providers))
-        except Exception as exc:  # onnxruntime's errors do not share a useful base class
-            raise PolicyLoadError(
-                f"cannot load policy file {self.path!r} (truncated or corrupted?): {exc}"
-            ) from exc
-        meta = from_props(self.session.get_modelmeta().custom_metadata_map)
+        self.session, meta = open_session(self.path, intra_op_threads, providers)
         if not meta.is_vla:
             self._fail(
                 f"policy family {meta.policy_family!r} has no image or instruction input; "
