@@ -171,6 +171,7 @@ def _vla_exporter(module: nn.Module, meta: PolicyMetadata) -> nn.Module:
         "pad_token_id": (instr["pad_id"], "instruction_input.pad_id"),
         "proprio_size": (meta.obs_size, "the sum of obs_terms (the proprio terms)"),
         "horizon": (chunk["horizon"], "action_chunk.horizon"),
+        "act_steps": (chunk["act_steps"], "action_chunk.act_steps"),
         "action_size": (meta.num_joints, "the number of action_joint_names"),
         "steps": (meta.flow_steps, "flow_steps"),
         "noise_shape": (tuple(meta.noise_shape or ()), "noise_shape"),

@@ -31,6 +31,7 @@ class VLAInference(nn.Module):
 
     input_names = ("image", "instruction_ids", "proprio", "noise")
     output_names = ("actions",)
+    policy_family = "vla_flow"  # deploy.export checks it against the metadata's family
 
     def __init__(self, policy: Any, steps: int | None, stochastic: bool) -> None:
         """policy: the VLAPolicy to deploy (its current weights are copied)."""
@@ -46,6 +47,7 @@ class VLAInference(nn.Module):
         self.pad_token_id = policy.cfg.pad_token_id
         self.proprio_size = policy.proprio_size
         self.horizon = policy.cfg.head.horizon
+        self.act_steps = policy.cfg.head.act_steps
         self.action_size = policy.action_size
         self.eval()
         for p in self.parameters():

@@ -63,7 +63,9 @@ def tokenizer_file(tmp_path_factory) -> Path:
 
 def _policy(seed: int = 0) -> VLAPolicy:
     torch.manual_seed(seed)
-    p = VLAPolicy(PROPRIO, ACT, VLAConfig(), action_low=LOW, action_high=HIGH)
+    cfg = VLAConfig()
+    cfg.head.act_steps = ACT_STEPS  # the chunk executes 3 of its 4 actions
+    p = VLAPolicy(PROPRIO, ACT, cfg, action_low=LOW, action_high=HIGH)
     p.update_proprio_normalizer(torch.randn(64, PROPRIO) * 2 + 1)
     return p
 
@@ -105,7 +107,7 @@ def vla_meta(module, tokenizer: Path, **overrides) -> PolicyMetadata:
             tokenizer_file="tokenizer.json",
             tokenizer_sha256=file_sha256(tokenizer),
         ),
-        action_chunk=dict(horizon=module.horizon, act_steps=ACT_STEPS),
+        action_chunk=dict(horizon=module.horizon, act_steps=module.act_steps),
         flow_steps=module.steps,
     )
     values.update(overrides)
@@ -377,6 +379,14 @@ def test_export_refuses_a_missing_or_foreign_tokenizer_and_a_wrong_metadata(
         export_policy(
             module,
             dataclasses.replace(meta, image_input=image),
+            tmp_path / "a.onnx",
+            tokenizer=tokenizer_file,
+        )
+    chunk = dict(meta.action_chunk, act_steps=ACT_STEPS - 1)
+    with pytest.raises(ExportError, match="act_steps is 3 but.*action_chunk.act_steps is 2"):
+        export_policy(
+            module,
+            dataclasses.replace(meta, action_chunk=chunk),
             tmp_path / "a.onnx",
             tokenizer=tokenizer_file,
         )
