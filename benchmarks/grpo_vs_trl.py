@@ -202,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     import trl
 
     transformers.logging.set_verbosity_error()
+    from sim.machine_load import LoadMonitor
     from training.grpo.tiny import addition_rows, build_tiny_model
 
+    # sampled between runs; torch's worker threads spin a while after each run
+    monitor = LoadMonitor(own_threads=a.threads + 1)
     rows = addition_rows(18)
     runs: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -220,11 +223,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 else:
                     runs["trl"].append(_trl(model_dir, rows, a, a.seed + r, Path(tmp) / f"trl{r}"))
+                monitor.sample()
             print(
                 f"repeat {r + 1}/{a.repeats}: ours {runs['ours'][-1]['steps_per_s']:.2f} steps/s, "
                 f"TRL {runs['trl'][-1]['steps_per_s']:.2f} steps/s",
                 file=sys.stderr,
             )
+    monitor.stop()
     med = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in runs.items()}
     ratio = {
         m: med["ours"][m] / med["trl"][m]
@@ -251,9 +256,24 @@ def main(argv: list[str] | None = None) -> int:
     for m, label in names.items():
         r = f"{ratio[m]:>9.2f}x" if m in ratio else ""
         print(f"{label:28}{med['ours'][m]:>12.2f}{med['trl'][m]:>12.2f}{r}")
+    per_repeat = statistics.median(
+        o["steps_per_s"] / t["steps_per_s"] for o, t in zip(runs["ours"], runs["trl"], strict=True)
+    )
+    print(f"optimizer steps/s ours/TRL, median of the per-repeat ratios: {per_repeat:.2f}x")
+    print(monitor.describe())
     if a.json:
         Path(a.json).write_text(
-            json.dumps({"args": vars(a), "median": med, "ratio": ratio, "runs": runs}, indent=2)
+            json.dumps(
+                {
+                    "args": vars(a),
+                    "median": med,
+                    "ratio": ratio,
+                    "median_of_repeat_ratios": per_repeat,
+                    "runs": runs,
+                    "machine_load": {"verdict": monitor.describe(), "busy": monitor.busy},
+                },
+                indent=2,
+            )
         )
     return 0
 

@@ -249,7 +249,14 @@ def main() -> None:
     p.add_argument("--sb3-only", action="store_true", help="(b): run and cache SB3's side only")
     p.add_argument("--compile", action="store_true", help="(a): ours with ppo.compile=true")
     p.add_argument("--rounds", type=int, default=30, help="(m): rounds of minibatch steps")
+    p.add_argument(
+        "--rounds-a", type=int, default=1, help="(a): interleaved runs (ours, SB3, ours, ...)"
+    )
     a = p.parse_args()
+    from sim.machine_load import LoadMonitor, median_ratio
+
+    # our simulator steps on both cores: two runnable threads of ours are expected
+    monitor = LoadMonitor(own_threads=2)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     # the machine is shared: the load beside the figures says how far to trust them
@@ -267,9 +274,17 @@ def main() -> None:
             )
         print(f"    compiled / eager: {med['compiled'] / med['eager']:.2f}", flush=True)
     if "a" in a.parts:
-        ours = ours_same(a.steps_a, a.seed, out, a.compile)
-        sb3 = sb3_same(a.steps_a, a.seed)
-        res["a"] = {"ours": ours, "sb3": sb3, "settings": SAME, "steps": a.steps_a}
+        runs: dict[str, list[dict]] = {"ours": [], "sb3": []}
+        for _ in range(max(1, a.rounds_a)):  # interleaved: a burst of load hits both
+            runs["ours"].append(ours_same(a.steps_a, a.seed, out, a.compile))
+            monitor.sample()
+            runs["sb3"].append(sb3_same(a.steps_a, a.seed))
+            monitor.sample()
+        ours, sb3 = runs["ours"][-1], runs["sb3"][-1]
+        rates = {k: [r["steps_per_s"] for r in v] for k, v in runs.items()}
+        ratio = median_ratio(rates["ours"], rates["sb3"])
+        res["a"] = {"ours": ours, "sb3": sb3, "settings": SAME, "steps": a.steps_a,
+                    "rates": rates, "median_ratio": ratio}  # fmt: skip
         print(f"(a) identical settings {SAME}, {a.steps_a:,} steps")
         print(
             f"    ours: {ours['steps_per_s']:,.0f} steps/s, train return {ours['train_return']:.0f}, "
@@ -280,7 +295,10 @@ def main() -> None:
             f"eval {sb3['eval_return']:.0f}"
         )
         print(
-            f"    speed ratio ours/sb3: {ours['steps_per_s'] / sb3['steps_per_s']:.1f}x", flush=True
+            f"    speed ratio ours/sb3: {ratio:.2f}x (median of {len(rates['ours'])} interleaved "
+            f"rounds; ours {[round(x) for x in rates['ours']]}, SB3 "
+            f"{[round(x) for x in rates['sb3']]})",
+            flush=True,
         )
     if "b" in a.parts:
         # SB3 with the Zoo's settings takes 20 min or more for 1M steps on this machine:
@@ -329,9 +347,12 @@ def main() -> None:
                 flush=True,
             )
     res["loadavg_end"] = _loadavg()
+    monitor.stop()
+    res["machine_load"] = {"verdict": monitor.describe(), "busy": monitor.busy}
     print(
         f"load average (1, 5, 15 min): {res['loadavg_start']} at the start, {res['loadavg_end']} at the end"
     )
+    print(monitor.describe())
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))
 

@@ -526,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="", help="also write the figures as JSON here")
     p.add_argument("--keep", default="", help="keep the raw logs in this folder")
     p.add_argument("--from-json", default="", help="only rewrite --out from a --json file")
+    p.add_argument(
+        "--allow-busy", action="store_true", help="write --out even if the machine was busy"
+    )
     p.add_argument("--fake-robot", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rate", type=float, default=1000.0, help=argparse.SUPPRESS)
@@ -546,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"cannot run: {why}", file=sys.stderr)
         return 2
+    from sim.machine_load import LoadMonitor, wait_for_quiet
+
+    if args.out:
+        wait_for_quiet()  # an earlier run's load takes tens of seconds to decay
+    # sampled between runs, when no node of ours is running: only this driver counts
+    monitor = LoadMonitor(own_threads=1)
     info = {
         "machine": machine(),
         "duration": args.duration,
@@ -569,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{LABELS[kind]} at {rate:g} Hz, {sched}, {args.duration:g} s ...", flush=True
                 )
                 r = run_one(kind, rate, args, policy, workdir, prio)
+                monitor.sample()
                 results.append(r)
                 e, j = r["obs_to_cmd_ms"], r["jitter_ms"]
                 print(
@@ -578,17 +588,23 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     info["load_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+    monitor.stop()
+    may_write, why = monitor.may_write(args.allow_busy)
+    info["machine"] += f"; {why}"
     print()
     print(table(results))
     for v in verdicts(results):
         print(v)
-    if args.out:
-        write_doc(Path(args.out), results, argv, info)
-        print(f"wrote {args.out}")
+    print(why)
     if args.json:
         Path(args.json).write_text(
             json.dumps({"info": info, "results": results, "argv": argv}, indent=1)
         )
+    if args.out and not may_write:
+        return 3
+    if args.out:
+        write_doc(Path(args.out), results, argv, info)
+        print(f"wrote {args.out}")
     return 0
 
 

@@ -25,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.bench import _random_actions, _steps_per_second  # noqa: E402
+from sim.machine_load import LoadMonitor  # noqa: E402
 from sim.registry import make  # noqa: E402
 from sim.warp_engine import warp_cache_dir  # noqa: E402
 
@@ -47,7 +48,14 @@ def first_step(task: str, device: str) -> dict:
     return {"seconds": seconds, "new_cache_files": _cache_files() - before}
 
 
-def compare(task: str, num_envs: int, device: str, rounds: int, seconds: float) -> dict:
+def compare(
+    task: str,
+    num_envs: int,
+    device: str,
+    rounds: int,
+    seconds: float,
+    monitor: LoadMonitor | None = None,
+) -> dict:
     envs = {
         "c": make(task, num_envs, seed=0),
         "warp": make(task, num_envs, seed=0, backend="warp", device=device),
@@ -60,16 +68,19 @@ def compare(task: str, num_envs: int, device: str, rounds: int, seconds: float) 
         for _ in range(rounds):  # interleaved: both see the same machine load
             for name, e in envs.items():
                 rates[name].append(_steps_per_second(e.step, acts, seconds, 3) * num_envs)
+                if monitor is not None:
+                    monitor.sample()
     finally:
         for e in envs.values():
             e.close()
     c, w = statistics.median(rates["c"]), statistics.median(rates["warp"])
+    per_round = statistics.median(a / b for a, b in zip(rates["warp"], rates["c"], strict=True))
     return {
         "task": task,
         "num_envs": num_envs,
         "c": c,
         "warp": w,
-        "warp_over_c": w / c,
+        "warp_over_c": per_round,  # the median of the per-round ratios
         "rounds": rates,
         "load": os.getloadavg(),
     }
@@ -84,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="per round and backend")
     p.add_argument("--json", default=None, help="also write the results here")
     a = p.parse_args(argv)
+    # the C backend steps on every core: that many runnable threads of ours are expected
+    monitor = LoadMonitor(own_threads=os.cpu_count() or 1)
     out = {"device": a.device, "cache": str(warp_cache_dir()), "first_step": {}, "rows": []}
     print(f"load before: {os.getloadavg()}, Warp cache {warp_cache_dir()}")
     for task in a.tasks:
@@ -94,12 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'task':<12} {'envs':>6} {'C env steps/s':>14} {'Warp env steps/s':>17} {'Warp/C':>7}")
     for task in a.tasks:
         for n in a.envs:
-            r = compare(task, n, a.device, a.rounds, a.seconds)
+            r = compare(task, n, a.device, a.rounds, a.seconds, monitor)
             out["rows"].append(r)
             print(
                 f"{task:<12} {n:>6} {r['c']:>14,.0f} {r['warp']:>17,.0f} {r['warp_over_c']:>7.3f}"
                 f"   load {r['load'][0]:.2f}"
             )
+    monitor.stop()
+    out["machine_load"] = {"verdict": monitor.describe(), "busy": monitor.busy}
+    print(monitor.describe())
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
