@@ -497,8 +497,13 @@ class MujocoVecEnv:
             }
             self._reset_envs(done_ids)
             fresh = self._observe(done_ids)
-            mask = self._to_torch(done, torch.bool)[:, None]
-            obs = {k: torch.where(mask, fresh[k], v) for k, v in obs.items()}
+            mask = self._to_torch(done, torch.bool)
+            # the env axis is the first of every group, flat or not (an image group is
+            # [N, H, W, C]): a [N, 1] mask would broadcast along W when N == H
+            obs = {
+                k: torch.where(mask.view(-1, *([1] * (v.dim() - 1))), fresh[k], v)
+                for k, v in obs.items()
+            }
         else:
             info["final_obs"] = obs
         self._obs = obs

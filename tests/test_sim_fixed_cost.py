@@ -143,3 +143,25 @@ def _assert_equal(a, b):
             _assert_equal(u, v)
     else:
         assert a == b
+
+
+def test_reset_merge_follows_the_env_axis_of_non_flat_groups():
+    """An ended episode's fresh observation replaces only that env's slice of every
+    group, an image-like [N, H, W] group with H == N included."""
+    env = make("cartpole", 3, seed=0)
+    plain = env._observe
+
+    def observe(reset_ids):
+        out = plain(reset_ids)
+        fresh = 1.0 if reset_ids is not None else 0.0
+        out["grid"] = torch.full((env.num_envs, env.num_envs, 2), fresh)
+        return out
+
+    env._observe = observe
+    env.reset()
+    env.episode_length[1] = env.max_episode_steps - 1  # env 1 times out at this step
+    obs, _, _, truncated, _ = env.step(torch.zeros(3, env.action_spec.size))
+    env.close()
+    assert truncated.tolist() == [False, True, False]
+    assert obs["grid"][1].eq(1.0).all()
+    assert obs["grid"][0].eq(0.0).all() and obs["grid"][2].eq(0.0).all()
