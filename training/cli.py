@@ -815,7 +815,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record demonstrations of a policy (a checkpoint or run directory of any "
         "kind, or an exported .onnx) into an HDF5 file laid out as robomimic does.",
     )
-    s.add_argument("source", help="run directory, checkpoint file or policy.onnx")
+    s.add_argument(
+        "source",
+        help="run directory, checkpoint file, policy.onnx, or expert (the task's scripted expert)",
+    )
     s.add_argument("--task", default=None, help="task (default: the policy's own)")
     s.add_argument("--episodes", type=_count, default=50)
     s.add_argument(
