@@ -35,6 +35,8 @@ TRAIN_ALGOS: dict[str, str] = {
     "fpo": "train a flow policy with FPO, from scratch or from a flow bc run (--init)",
     "grpo": "GRPO-family fine-tuning of a language model on verifiable rewards",
     "world-model": "a TD-MPC2-style latent world model with planning, off-policy from replay",
+    "vla-sft": "supervised fine-tuning of a vision-language-action policy on demonstrations "
+    "with images and instructions (sim2real collect expert --task instructed_reach)",
 }
 # the checkpoint kinds a train command's runs write, for --resume
 _KINDS = {
@@ -45,6 +47,7 @@ _KINDS = {
     "fpo": ("fpo",),
     "grpo": ("grpo",),
     "world-model": ("world_model",),
+    "vla-sft": ("vla_sft",),
 }
 # the learners that start from a pretrained run (--init), by their config class name
 _FINETUNE = {"dppo": "DPPOTrainConfig", "reinflow": "ReinFlowTrainConfig", "fpo": "FPOTrainConfig"}
@@ -98,7 +101,10 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
         epilog=config_help,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    if algo == "grpo":
+    if algo == "vla-sft":
+        p.add_argument("--data", help="demonstrations with images and instructions (collect)")
+        p.add_argument("--steps", type=_count, help="gradient updates (sft.num_updates)")
+    elif algo == "grpo":
         p.add_argument("--model", help="directory of a transformers causal LM (save_pretrained)")
         p.add_argument("--data", help="prompts file: JSON lines with 'prompt' and 'answer'")
         p.add_argument("--steps", type=_count, help="total training steps (run.steps)")
@@ -125,7 +131,8 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
             "--no-artifacts", action="store_true", help="skip the final eval, plot and video"
         )
         p.add_argument("--export", action="store_true", help="export policy.onnx when done")
-    p.add_argument("--seed", type=int, default=None, help="random seed (run.seed)")
+    seed_key = "sft.seed" if algo == "vla-sft" else "run.seed"
+    p.add_argument("--seed", type=int, default=None, help=f"random seed ({seed_key})")
     p.add_argument(
         "--config",
         default=None,
@@ -162,6 +169,10 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
     if algo in _FINETUNE:
         cls = getattr(tc, _FINETUNE[algo])
         return cls(env=tc.EnvConfig(task=task, num_envs=16, randomize=False))
+    if algo == "vla-sft":
+        from training.vla_sft import VLASFTTrainConfig
+
+        return VLASFTTrainConfig()
     from training.grpo.config import GRPOTrainConfig
 
     return GRPOTrainConfig()
@@ -189,6 +200,10 @@ def _resumed_config(
             cfg = from_dict(GRPOTrainConfig, ck["config"])
         except (TypeError, KeyError, ValueError) as e:
             raise ConfigError(f"the checkpoint's config does not fit this version: {e}") from e
+    elif algo == "vla-sft":
+        from training.vla_sft import config_from_checkpoint as vla_config
+
+        cfg = vla_config(ck)
     else:
         from training.policy_kinds import config_from_checkpoint
 
@@ -229,7 +244,7 @@ def _overrides(algo: str, a: argparse.Namespace) -> dict[str, Any]:
         except ConfigError as e:
             raise ConfigError(f"{a.config}: {e}" if a.config not in str(e) else str(e)) from None
     merged.update(parse_override(o) for o in _flag_overrides(algo, a))
-    if algo != "grpo" and a.task is None and "env.task" in merged:  # the file names the task
+    if algo not in ("grpo", "vla-sft") and a.task is None and "env.task" in merged:
         a.task = str(merged["env.task"])
     return merged
 
@@ -244,6 +259,10 @@ def _config_template(algo: str, a_policy: str = "diffusion") -> Any:
         return GRPOTrainConfig()
     if algo == "ppo":
         return tc.PPOTrainConfig()
+    if algo == "vla-sft":
+        from training.vla_sft import VLASFTTrainConfig
+
+        return VLASFTTrainConfig()
     if algo == "bc":
         return tc.BC_CONFIGS[a_policy]()
     if algo == "world-model":
@@ -252,7 +271,7 @@ def _config_template(algo: str, a_policy: str = "diffusion") -> Any:
 
 
 def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
-    steps_key = {"bc": "bc.num_updates", "grpo": "run.steps"}
+    steps_key = {"bc": "bc.num_updates", "grpo": "run.steps", "vla-sft": "sft.num_updates"}
     flags = [
         (a.seed, "run.seed"),
         (getattr(a, "device", None), "run.device"),
@@ -260,6 +279,8 @@ def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
     ]
     if algo == "grpo":
         flags += [(a.model, "model.path"), (a.data, "data")]
+    elif algo == "vla-sft":
+        flags = [(a.seed, "sft.seed"), (a.steps, "sft.num_updates"), (a.data, "data")]
     return list(a.overrides) + [f"{key}={value}" for value, key in flags if value is not None]
 
 
@@ -388,6 +409,40 @@ def _train_grpo(a: argparse.Namespace) -> int:
     return STOPPED if result["stopped_early"] else 0
 
 
+def _train_vla_sft(a: argparse.Namespace) -> int:
+    from training.config import ConfigError, apply_overrides
+    from training.vla_sft import VLASFTRunner, VLASFTTrainConfig
+
+    overrides = _overrides("vla-sft", a)
+    if a.resume:
+        cfg, run_dir = _resumed_config("vla-sft", a, overrides)
+    else:
+        cfg = apply_overrides(VLASFTTrainConfig(), overrides)
+        run_dir = (
+            Path(a.run_dir) if a.run_dir else Path("runs") / time.strftime("vla-sft-%Y%m%d-%H%M%S")
+        )
+    if a.print_config:
+        from training.config import dump_config
+
+        print(dump_config(cfg), end="")
+        return 0
+    if not cfg.data:
+        raise ConfigError("sim2real train vla-sft needs --data <demonstrations.hdf5>")
+    runner = VLASFTRunner(cfg, run_dir, resume=a.resume)
+    try:
+        summary = runner.train()
+    finally:
+        runner.close()
+    rates = ", ".join(f"{k} {v:.2f}" for k, v in summary.items() if k.startswith("eval/"))
+    print(
+        f"vla-sft: {summary['updates']:,} updates{'; ' + rates if rates else ''}; run dir {run_dir}"
+    )
+    if summary["stopped_early"]:
+        print(f"stopped; resume with: sim2real train vla-sft --resume {run_dir}")
+        return STOPPED
+    return 0
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     algo = args.algo
     config_help = None
@@ -398,6 +453,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     a = _train_parser(algo, config_help).parse_args(rest)
     if algo == "grpo":
         return _train_grpo(a)
+    if algo == "vla-sft":
+        return _train_vla_sft(a)
     return _train_sim(algo, a)
 
 

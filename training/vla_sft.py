@@ -1,0 +1,404 @@
+"""Supervised fine-tuning (behaviour cloning) of a vision-language-action policy on
+demonstrations with camera images and instructions, with exact resume.
+
+The data: a demonstration file (training.demos) whose episodes carry an image key and
+an instruction (``sim2real collect expert --task instructed_reach``). Every step t of
+every episode is one sample: the frame's image, the episode's instruction as token ids,
+the proprioceptive frame, and the action chunk t .. t + horizon - 1 (the last action
+repeated past the episode's end, as flow BC does). The loss is the VLA's shortcut
+flow-matching loss (policies.vla.VLAPolicy.bc_loss), through the one guarded update
+(training.core.guard) with a cosine schedule.
+
+The tokenizer is built from the words of the demonstrations' instructions and of the
+task's own instruction list where the task has one (so held-out instructions tokenise),
+and saved as ``tokenizer.json`` in the run directory, next to the checkpoints; the
+export ships it beside the ONNX file.
+
+Evaluation is closed-loop in the batched simulator on the task's ``train`` and ``eval``
+splits (held-out instruction/layout pairs): deterministic chunks (zero noise), act_steps
+of each executed, success = the episode ended by reaching the named target.
+
+Resume: the checkpoint holds the weights, the optimizer, the guard, both generators
+and the update count, so N + N updates equal 2N bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from policies.vla import VLAConfig, VLAPolicy
+from policies.vla_tokenizer import build_word_tokenizer, encode_instructions, instruction_vocabulary
+from training.checkpoint import CheckpointError, find_checkpoint, load_checkpoint, save_checkpoint
+from training.config import ConfigError, to_dict
+from training.core.guard import UpdateGuard
+from training.core.schedules import CosineSchedule
+from training.demos import DatasetError, DemoDataset, load_demos
+from training.logger import RunLogger
+from training.run_control import train_loop
+from training.run_dir import prepare_run_dir
+from training.runner import write_config
+
+__all__ = ["KIND", "VLASFTConfig", "VLASFTRunner", "VLASFTTrainConfig", "evaluate_success"]
+
+KIND = "vla_sft"
+"""Checkpoint kind of a VLA SFT run."""
+
+
+@dataclass
+class VLASFTConfig:
+    """The optimisation and the run's bookkeeping."""
+
+    num_updates: int = 2000
+    """Gradient updates in all."""
+    batch_size: int = 32
+    """Samples (steps of demonstrations) per update."""
+    lr: float = 3e-4
+    """Peak learning rate of AdamW (after the warm-up)."""
+    lr_final: float = 3e-5
+    """Learning rate at the end of the cosine schedule."""
+    warmup: int = 50
+    """Updates of linear warm-up (cut to the run's length if longer)."""
+    weight_decay: float = 1e-4
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this."""
+    seed: int = 0
+    """Seeds the weights, the minibatches and the flow draws."""
+    device: str = "cpu"
+    """Torch device of the policy and the data."""
+    log_every: int = 50
+    """Updates between rows of metrics (JSONL, TensorBoard, progress bar)."""
+    checkpoint_every: int = 500
+    """Updates between checkpoints (one is also written at the end and on Ctrl-C)."""
+    eval_every: int = 0
+    """Updates between closed-loop evaluations during training (0: only at the end)."""
+    eval_episodes: int = 16
+    """Episodes per split of each evaluation."""
+    eval_envs: int = 8
+    """Envs stepping at once during evaluation."""
+    progress: bool = True
+    """Show a progress bar."""
+    tensorboard: bool = True
+    """Write TensorBoard event files beside metrics.jsonl."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_updates", "batch_size", "log_every", "checkpoint_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"VLASFTConfig.{name} must be an integer >= 1, got {v!r}")
+        for name in ("eval_every", "eval_episodes", "eval_envs", "warmup"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"VLASFTConfig.{name} must be an integer >= 0, got {v!r}")
+        if not self.lr > 0 or not self.lr_final >= 0 or not self.max_grad_norm > 0:
+            raise ValueError("VLASFTConfig: lr and max_grad_norm must be > 0, lr_final >= 0")
+
+
+@dataclass
+class VLASFTTrainConfig:
+    """A VLA SFT run: the demonstrations, the model and the optimisation."""
+
+    data: str = ""
+    """Demonstration file with camera images and instructions (sim2real collect)."""
+    image_key: str = "image"
+    """The demonstrations' image key the policy sees."""
+    sft: VLASFTConfig = field(default_factory=VLASFTConfig)
+    """Optimisation and bookkeeping."""
+    model: VLAConfig = field(default_factory=VLAConfig)
+    """The VLA: towers, tokens, LoRA and the flow action head."""
+
+
+def _check_dataset(data: DemoDataset, cfg: VLASFTTrainConfig) -> tuple[int, int, int]:
+    """The image shape (H, W, C) the demonstrations give the policy, or a DatasetError."""
+    keys = data.image_keys
+    if cfg.image_key not in keys:
+        raise DatasetError(
+            f"{cfg.data}: no camera images under {cfg.image_key!r} (image keys: "
+            f"{sorted(keys) or 'none'}); a VLA learns from demonstrations of a task with an "
+            "image group, e.g. sim2real collect expert --task instructed_reach"
+        )
+    missing = [i for i, t in enumerate(data.instructions) if not t]
+    if missing:
+        raise DatasetError(
+            f"{cfg.data}: episodes {missing[:8]} have no instruction; a VLA needs one per episode"
+        )
+    shape = keys[cfg.image_key]
+    s = cfg.model.image_size
+    if shape != (s, s, 3):
+        raise ConfigError(
+            f"{cfg.data}: images are {list(shape)} but model.image_size is {s}; set "
+            f"model.image_size={shape[0]} (square RGB images)"
+        )
+    return shape
+
+
+def _task_instructions(task: str) -> list[str]:
+    """Every instruction the task can give (for the tokenizer's vocabulary), if it says."""
+    import importlib
+
+    from sim.registry import task_class
+
+    try:
+        cls = task_class(task)
+    except Exception:  # a task that cannot be looked up contributes no words
+        return []
+    module = importlib.import_module(cls.__module__)
+    fn = getattr(module, "all_instructions", None)
+    return list(fn()) if callable(fn) else []
+
+
+class VLASFTRunner:
+    """Behaviour cloning of a VLAPolicy on image + instruction demonstrations."""
+
+    def __init__(
+        self,
+        cfg: VLASFTTrainConfig,
+        run_dir: str | os.PathLike,
+        resume: str | os.PathLike | None = None,
+    ) -> None:
+        if not cfg.data:
+            raise ConfigError("VLA SFT needs a demonstration file (--data / data=...)")
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        sc = cfg.sft
+        self.device = torch.device(sc.device)
+        torch.manual_seed(sc.seed)
+        self.data = load_demos(cfg.data)
+        _check_dataset(self.data, cfg)
+        prepare_run_dir(self.run_dir, resume)  # one run per directory
+
+        # samples: every step of every episode
+        proprio, chunks = self.data.windows(1, cfg.model.head.horizon)
+        words = instruction_vocabulary(
+            [t for t in self.data.instructions if t] + _task_instructions(self.data.task)
+        )
+        self.tokenizer_path = self.run_dir / "tokenizer.json"
+        self.tokenizer = build_word_tokenizer(words, self.tokenizer_path)
+        if self.tokenizer.get_vocab_size() > cfg.model.vocab_size:
+            raise ConfigError(
+                f"the instructions have {self.tokenizer.get_vocab_size()} tokens but "
+                f"model.vocab_size is {cfg.model.vocab_size}; raise it"
+            )
+        ids = encode_instructions(
+            self.tokenizer,
+            [e.instruction for e in self.data.episodes],
+            cfg.model.max_instruction_tokens,
+            cfg.model.pad_token_id,
+        )
+        lengths = [len(e) for e in self.data.episodes]
+        self.ids = torch.as_tensor(np.repeat(ids, lengths, axis=0), device=self.device)
+        self.images = torch.as_tensor(
+            np.concatenate([e.images[cfg.image_key] for e in self.data.episodes]),
+            device=self.device,
+        )
+        self.proprio = proprio.to(self.device)
+        self.chunks = chunks.to(self.device)
+
+        self.policy = VLAPolicy(
+            self.data.frame_size,
+            self.data.action_size,
+            cfg.model,
+            action_low=self.data.action_low,
+            action_high=self.data.action_high,
+        ).to(self.device)
+        self.policy.update_proprio_normalizer(self.proprio)
+        self.params = [p for _, p in self.policy.trainable_named_parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=sc.lr, weight_decay=sc.weight_decay)
+        warmup = min(sc.warmup, sc.num_updates - 1)
+        self.schedule = CosineSchedule(sc.lr, sc.lr_final, sc.num_updates, warmup)
+        self.guard = UpdateGuard(self.optimizer, self.params, sc.max_grad_norm)
+        self.generator = torch.Generator(device=self.device).manual_seed(sc.seed)
+        self.num_updates = 0
+        self.logger = RunLogger(self.run_dir, tensorboard=sc.tensorboard, progress=sc.progress)
+        if resume is not None:
+            self._load(resume)
+        write_config(self.run_dir, cfg)
+
+    # ------------------------------------------------------------------ state
+    def save(self) -> Path:
+        payload = {
+            "kind": KIND,
+            "config": to_dict(self.cfg),
+            "task": self.data.task,
+            "proprio_size": self.data.frame_size,
+            "action_size": self.data.action_size,
+            "action_low": self.data.action_low.tolist(),
+            "action_high": self.data.action_high.tolist(),
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "guard": self.guard.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "iteration": self.num_updates,
+            "dataset": {"path": str(self.cfg.data), **self.data.summary()},
+        }
+        return save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
+
+    def _load(self, source: str | os.PathLike) -> None:
+        ck = load_checkpoint(find_checkpoint(source))
+        if ck.get("kind") != KIND:
+            raise CheckpointError(f"{source} is a {ck.get('kind')!r} checkpoint, not {KIND!r}")
+        if ck["config"]["model"] != to_dict(self.cfg)["model"]:
+            raise CheckpointError(f"{source} was trained with another model config")
+        self.policy.load_state_dict(ck["policy"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.guard.load_state_dict(ck["guard"])
+        self.generator.set_state(ck["generator"])
+        torch.set_rng_state(ck["torch_rng"])
+        self.num_updates = int(ck["iteration"])
+        self.logger.truncate_after(self.num_updates)
+
+    # ------------------------------------------------------------------ training
+    def update(self) -> dict[str, float]:
+        """One guarded AdamW step on a random minibatch of samples."""
+        sc = self.cfg.sft
+        lr = self.schedule(min(self.num_updates, sc.num_updates))
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(
+            0, self.images.shape[0], (sc.batch_size,), generator=self.generator, device=self.device
+        )
+        loss = self.policy.bc_loss(
+            self.images[idx], self.ids[idx], self.proprio[idx], self.chunks[idx], self.generator
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        stepped = self.guard.step([loss])
+        self.num_updates += 1
+        nan = float("nan")
+        return {
+            "loss": nan if stepped is None else stepped[0],
+            "grad_norm": nan if stepped is None else stepped[1],
+            "lr": lr,
+            "nonfinite_steps": float(self.guard.nonfinite_steps),
+        }
+
+    def evaluate(self, episodes: int | None = None) -> dict[str, float]:
+        """Closed-loop success rates on the task's train and eval splits."""
+        sc = self.cfg.sft
+        n = episodes if episodes is not None else sc.eval_episodes
+        out: dict[str, float] = {}
+        for split in ("train", "eval"):
+            out[f"eval/success_{split}"] = evaluate_success(
+                self.policy,
+                self.tokenizer,
+                self.data.task,
+                n,
+                num_envs=max(1, min(sc.eval_envs, n)),
+                seed=sc.seed + 12345,
+                task_args={"split": split, "image_size": self.cfg.model.image_size},
+            )
+        return out
+
+    def train(self) -> dict[str, Any]:
+        sc = self.cfg.sft
+        total = sc.num_updates
+        self.logger.start_progress(total, self.num_updates, "update", "vla-sft")
+        losses: deque[float] = deque(maxlen=sc.log_every)
+        clock = [time.perf_counter()]
+
+        def step() -> int:
+            s = self.update()
+            losses.append(s["loss"])
+            u = self.num_updates
+            self.logger.advance(1)
+            if u % sc.log_every == 0 or u == total:
+                row: dict[str, float] = {
+                    "sft/loss": float(np.mean(losses)),
+                    "sft/lr": s["lr"],
+                    "sft/grad_norm": s["grad_norm"],
+                    "sft/nonfinite_steps": s["nonfinite_steps"],
+                    "perf/updates_per_second": sc.log_every
+                    / max(time.perf_counter() - clock[0], 1e-9),
+                }
+                clock[0] = time.perf_counter()
+                if sc.eval_every and u % sc.eval_every == 0 and u < total:
+                    row.update(self.evaluate())
+                self.logger.log(u, row)
+            return u
+
+        stopped = train_loop(self.num_updates, total, step, self.save, sc.checkpoint_every)
+        summary: dict[str, Any] = {"updates": self.num_updates, "stopped_early": stopped}
+        if not stopped and sc.eval_episodes:
+            summary.update(self.evaluate())
+            self.logger.log(self.num_updates, {k: v for k, v in summary.items() if "/" in k})
+        self.logger.close()
+        return summary
+
+    def close(self) -> None:
+        self.logger.close()
+
+
+@torch.no_grad()
+def evaluate_success(
+    policy: VLAPolicy,
+    tokenizer: Any,
+    task: str,
+    episodes: int,
+    *,
+    num_envs: int = 8,
+    seed: int = 0,
+    task_args: dict[str, Any] | None = None,
+    max_steps: int = 100_000,
+) -> float:
+    """Fraction of ``episodes`` that end by reaching the named target (terminated, not
+    timed out), deterministic chunks (zero noise), act_steps of each executed."""
+    from sim.registry import make
+
+    cfg = policy.cfg
+    act_steps = cfg.head.act_steps
+    env = make(task, num_envs, seed=seed, **(task_args or {}))
+    was_training = policy.training
+    policy.eval()
+    try:
+        obs = env.reset()
+        chunk = torch.zeros(num_envs, cfg.head.horizon, policy.action_size)
+        pos = np.full(num_envs, act_steps)  # every env plans at the first step
+        done_count, successes, steps = 0, 0, 0
+        while done_count < episodes and steps < max_steps:
+            need = pos >= act_steps
+            if need.any():
+                ids = encode_instructions(
+                    tokenizer, env.instructions, cfg.max_instruction_tokens, cfg.pad_token_id
+                )
+                noise = torch.zeros(num_envs, cfg.head.horizon, policy.action_size)
+                new = policy.sample(
+                    obs["image"], ids, obs["policy"], stochastic=False, noise=noise
+                ).actions
+                mask = torch.as_tensor(need)
+                chunk[mask] = new[mask].to(chunk.dtype)
+                pos[need] = 0
+            action = chunk[torch.arange(num_envs), torch.as_tensor(pos)]
+            obs, _, terminated, truncated, info = env.step(action)
+            pos += 1
+            ended = (terminated | truncated).numpy()
+            if ended.any():
+                won = (terminated & ~info["unstable"]).numpy()
+                for i in np.nonzero(ended)[0]:
+                    if done_count < episodes:
+                        done_count += 1
+                        successes += int(won[i])
+                pos[ended] = act_steps  # a new episode plans from its first frame
+            steps += 1
+    finally:
+        env.close()
+        policy.train(was_training)
+    return successes / max(done_count, 1)
+
+
+def config_from_checkpoint(ck: dict[str, Any]) -> VLASFTTrainConfig:
+    """The run's config as the checkpoint saved it."""
+    from training.config import from_dict
+
+    try:
+        return from_dict(VLASFTTrainConfig, ck["config"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"the checkpoint's config does not fit this version: {e}") from e
