@@ -14,7 +14,7 @@ from pathlib import Path
 from deploy.export import DEFAULT_OPSET, export_policy, register_exporter, registered_families
 from policies.diffusion import diffusion_exporter
 from policies.flow import flow_exporter
-from training.checkpoint import find_checkpoint
+from training.checkpoint import find_checkpoint, load_checkpoint
 from training.policy_kinds import load_policy
 
 __all__ = ["default_onnx_path", "export_run"]
@@ -47,6 +47,10 @@ def export_run(
     Returns the path; the measured ONNX-vs-torch error is in the metadata's
     ``extra[deploy.export.PARITY_KEY]``.
     """
+    if load_checkpoint(find_checkpoint(source)).get("kind") == "vla_sft":
+        from training.vla_sft import export_vla_run  # image and instruction inputs
+
+        return export_vla_run(source, out)
     loaded = load_policy(source)
     module = loaded.policy.inference_module().cpu()
     return export_policy(module, loaded.metadata(), out or default_onnx_path(source), opset=opset)

@@ -24,6 +24,7 @@ and the update count, so N + N updates equal 2N bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
@@ -46,7 +47,14 @@ from training.run_control import train_loop
 from training.run_dir import prepare_run_dir
 from training.runner import write_config
 
-__all__ = ["KIND", "VLASFTConfig", "VLASFTRunner", "VLASFTTrainConfig", "evaluate_success"]
+__all__ = [
+    "KIND",
+    "VLASFTConfig",
+    "VLASFTRunner",
+    "VLASFTTrainConfig",
+    "evaluate_success",
+    "export_vla_run",
+]
 
 KIND = "vla_sft"
 """Checkpoint kind of a VLA SFT run."""
@@ -392,6 +400,93 @@ def evaluate_success(
         env.close()
         policy.train(was_training)
     return successes / max(done_count, 1)
+
+
+def export_vla_run(
+    source: str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    steps: int | None = None,
+    camera: str = "top",
+) -> Path:
+    """Export a VLA SFT run (directory or checkpoint) to ONNX with its tokenizer beside it.
+
+    The metadata is the task's robot description (as for every policy) plus the VLA's
+    inputs: the image size and normalisation, the instruction's token budget, pad id,
+    vocabulary and the tokenizer's hash, the chunk and the flow steps. ``steps``: Euler
+    steps of the exported sampler (default the policy's).
+    """
+    from deploy.export import export_policy
+    from deploy.tokenizer import file_sha256
+    from sim.registry import make
+    from training.config import config_hash
+    from training.metadata import metadata_from_checkpoint
+    from training.run_control import code_version
+
+    ck_path = find_checkpoint(source)
+    ck = load_checkpoint(ck_path)
+    if ck.get("kind") != KIND:
+        raise CheckpointError(f"{source} is a {ck.get('kind')!r} checkpoint, not {KIND!r}")
+    cfg = config_from_checkpoint(ck)
+    run_dir = ck_path.parent.parent if ck_path.parent.name == "checkpoints" else ck_path.parent
+    tokenizer = run_dir / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise FileNotFoundError(f"{tokenizer} is missing: the run's tokenizer travels with it")
+    policy = VLAPolicy(
+        int(ck["proprio_size"]),
+        int(ck["action_size"]),
+        cfg.model,
+        action_low=ck["action_low"],
+        action_high=ck["action_high"],
+    )
+    policy.load_state_dict(ck["policy"])
+    module = policy.inference_module(steps).cpu()
+    task = str(ck["task"])
+    env = make(task, 1, image_size=cfg.model.image_size)
+    try:
+        frame_ck = {
+            "robot": env.robot.to_dict(),
+            "architecture": {"task": task, "policy": {}},
+            "config": {"env": {}},
+            "obs_terms": {"policy": [(t.name, t.size) for t in env.observation_spec.policy.terms]},
+            "obs_history": 1,
+            "run_id": run_dir.name,
+            "code_version": code_version(),
+            "config_hash": config_hash(cfg),
+            "iteration": ck["iteration"],
+        }
+        base = metadata_from_checkpoint(frame_ck, (env.action_spec.low, env.action_spec.high))
+    finally:
+        env.close()
+    m = cfg.model
+    meta = dataclasses.replace(
+        base,
+        policy_family="vla_flow",
+        noise_shape=list(module.noise_shape),
+        image_input={
+            "name": "image",
+            "height": m.image_size,
+            "width": m.image_size,
+            "channels": 3,
+            "dtype": "uint8",
+            "channel_order": "RGB",
+            "layout": "HWC",
+            "camera": camera,
+            "mean": list(m.image_mean),
+            "std": list(m.image_std),
+        },
+        instruction_input={
+            "name": "instruction_ids",
+            "max_tokens": m.max_instruction_tokens,
+            "pad_id": m.pad_token_id,
+            "vocab_size": module.backbone.vocab_size,
+            "tokenizer_file": "tokenizer.json",
+            "tokenizer_sha256": file_sha256(tokenizer),
+        },
+        action_chunk={"horizon": m.head.horizon, "act_steps": m.head.act_steps},
+        flow_steps=module.steps,
+    )
+    return export_policy(module, meta, out or run_dir / "policy.onnx", tokenizer=tokenizer)
 
 
 def config_from_checkpoint(ck: dict[str, Any]) -> VLASFTTrainConfig:
