@@ -161,3 +161,173 @@ def test_an_sft_run_exports_and_the_robot_runtime_drives_the_task(demos, tmp_pat
         assert np.isfinite(action).all()
         obs, *_ = env.step(torch.as_tensor(action, dtype=torch.float32)[None])
     env.close()
+
+
+# ---------------------------------------------------------------------- RL (training/vla_rl.py)
+from training.checkpoint import CheckpointError, save_checkpoint  # noqa: E402
+from training.core import dynamic_sampling_mask, gae, group_relative  # noqa: E402
+from training.vla_rl import VLARLConfig, VLARLRunner, VLARLTrainConfig, vla_rl_loss  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sft_run(demos, tmp_path_factory):
+    run = tmp_path_factory.mktemp("sft") / "run"
+    runner = VLASFTRunner(_cfg(demos, num_updates=10), run)
+    runner.train()
+    runner.close()
+    return run
+
+
+def _rl(sft_run, run_dir, resume=None, **rl) -> VLARLRunner:
+    values = dict(
+        num_envs=4, group_size=2, num_updates=2, max_episode_steps=8, eval_episodes=0,
+        progress=False, tensorboard=False, max_sample_rounds=1, num_minibatches=2,
+    )  # fmt: skip
+    values.update(rl)
+    cfg = VLARLTrainConfig(init=str(sft_run), rl=VLARLConfig(**values))
+    return VLARLRunner(cfg, run_dir, resume=resume)
+
+
+def test_grpo_loss_on_a_fixed_batch_equals_the_hand_computed_one(sft_run, tmp_path):
+    """Group-relative advantages of fixed outcomes, dynamic sampling, and the clipped
+    ratio of the chain's per-step log-probabilities (rows: executed chunk positions,
+    columns: Euler steps), token-mean over the valid elements."""
+    outcomes = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    s = 0.5**0.5  # unbiased std of {1, 0}
+    adv = group_relative(outcomes)
+    torch.testing.assert_close(adv, torch.tensor([[0.5 / (s + 1e-6), -0.5 / (s + 1e-6)], [0, 0]]))
+    assert dynamic_sampling_mask(outcomes).tolist() == [True, False]
+
+    runner = _rl(sft_run, tmp_path / "g", dynamic_sampling=False)
+    batch, _ = runner.rollout()
+    n = batch.advantages.shape[0]
+    g = torch.Generator().manual_seed(3)
+    batch = batch._replace(
+        advantages=torch.randn(n, generator=g),
+        logp=batch.logp + 0.5 * torch.randn(batch.logp.shape, generator=g),  # spread ratios
+    )
+    loss, stats = vla_rl_loss(runner.policy, batch, runner.loss_cfg, logprob_reduce="mean")
+    with torch.no_grad():
+        feat = runner.policy.features(batch.images, batch.ids, batch.proprio)
+        new = runner.policy.head.chain_terms(feat, batch.chain, "mean").log_prob  # [S, K, Hz]
+        r = torch.exp(new - batch.logp)
+        a = batch.advantages.view(-1, 1, 1)
+        obj = torch.minimum(r * a, r.clamp(1 - 0.2, 1 + 0.28) * a)
+        m = batch.executed.unsqueeze(1).expand_as(r)
+        want = -(obj * m).sum() / m.sum()
+        clipped = ((a > 0) & (r > 1.28)) | ((a < 0) & (r < 0.8))
+        want_clip = (clipped.float() * m).sum() / m.sum()
+    torch.testing.assert_close(loss.detach(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats["clip_frac"], want_clip)
+    assert 0 < float(want_clip) < 1  # both branches of the clip are exercised
+    runner.close()
+
+
+def test_ppo_gae_bootstraps_time_outs_and_the_value_loss_is_the_cores(sft_run, tmp_path):
+    rewards = torch.tensor([[0.0], [1.0], [0.0]])
+    values = torch.tensor([[0.5], [0.4], [0.3]])
+    next_values = torch.tensor([[0.4], [0.9], [0.7]])  # row 2: V(final obs) of a time-out
+    terminated = torch.tensor([[0.0], [0.0], [0.0]])
+    dones = torch.tensor([[False], [False], [True]])
+    adv, ret = gae(rewards, values, next_values, terminated, dones, 0.9, 0.8)
+    d2 = 0.0 + 0.9 * 0.7 - 0.3  # a time-out bootstraps from the final observation
+    d1 = 1.0 + 0.9 * 0.9 - 0.4
+    d0 = 0.0 + 0.9 * 0.4 - 0.5
+    want = torch.tensor([[d0 + 0.72 * (d1 + 0.72 * d2)], [d1 + 0.72 * d2], [d2]])
+    torch.testing.assert_close(adv, want)
+    adv_t, _ = gae(
+        rewards, values, next_values, torch.tensor([[0.0], [0.0], [1.0]]), dones, 0.9, 0.8
+    )
+    assert float(adv_t[2, 0]) == pytest.approx(-0.3)  # a success does not
+
+    runner = _rl(sft_run, tmp_path / "p", algo="ppo")
+    batch, _ = runner.rollout()
+    assert torch.isfinite(batch.returns).all() and batch.returns.shape == batch.advantages.shape
+    pl, _ = vla_rl_loss(runner.policy, batch, runner.loss_cfg)
+    both, stats = vla_rl_loss(runner.policy, batch, runner.loss_cfg, value_coef=0.5)
+    with torch.no_grad():
+        v = runner.policy.value(batch.images, batch.ids, batch.proprio)
+        want_vl = 0.5 * (v - batch.returns).square().mean()
+    torch.testing.assert_close(stats["value_loss"], want_vl)
+    torch.testing.assert_close(both - pl, 0.5 * want_vl)
+    runner.close()
+
+
+def _params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def test_an_rl_update_changes_only_what_trains_and_stays_finite(sft_run, tmp_path):
+    runner = _rl(sft_run, tmp_path / "p", algo="ppo", train_backbone=False, num_updates=1)
+    before = _params(runner.policy)
+    stats = runner.update()
+    after = _params(runner.policy)
+    assert stats["minibatch_steps"] > 0 and stats["nonfinite_steps"] == 0
+    assert all(torch.isfinite(v).all() for v in after.values())
+    for k in before:
+        same = torch.equal(before[k], after[k])
+        if k.startswith("backbone."):
+            assert same, k  # train_backbone=False
+    assert any(not torch.equal(before[k], after[k]) for k in before if ".critic." in k)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("head.actor"))
+    runner.close()
+
+    grpo = _rl(sft_run, tmp_path / "g", num_updates=1, dynamic_sampling=False)
+    before = _params(grpo.policy)
+    stats = grpo.update()
+    after = _params(grpo.policy)
+    assert all(torch.isfinite(v).all() for v in after.values())
+    for k in before:
+        if ".critic." in k:
+            assert torch.equal(before[k], after[k]), k  # grpo keeps no critic
+    grpo.close()
+
+
+def test_rl_resume_is_exact(sft_run, tmp_path):
+    straight = _rl(sft_run, tmp_path / "a", algo="ppo")
+    straight.train()
+    straight.close()
+    half = _rl(sft_run, tmp_path / "b", algo="ppo")
+    half.update()
+    half.save()
+    half.close()
+    resumed = _rl(sft_run, tmp_path / "b", resume=tmp_path / "b", algo="ppo")
+    assert resumed.num_updates == 1
+    resumed.train()
+    resumed.close()
+    a, b = straight.policy.state_dict(), resumed.policy.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_rl_cli_help_trains_resumes_and_names_a_non_vla_init(sft_run, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "vla-rl", "--help"])
+    out = capsys.readouterr().out
+    for line in ("  rl.algo: str = 'grpo'", "  rl.group_size: int = 8", "  init: str = ''"):
+        assert line in out
+    run = tmp_path / "cli"
+    args = ["train", "vla-rl", "--init", str(sft_run), "--algo", "grpo", "--steps", "1",
+            "--run-dir", str(run), "rl.num_envs=4", "rl.group_size=2",
+            "rl.max_episode_steps=8", "rl.eval_episodes=0", "rl.progress=false",
+            "rl.tensorboard=false", "rl.max_sample_rounds=1"]  # fmt: skip
+    assert main(args) == 0
+    assert (run / "tokenizer.json").is_file()
+    assert main(["train", "vla-rl", "--resume", str(run), "--steps", "2"]) == 0
+    assert "vla-rl grpo: 2 updates" in capsys.readouterr().out
+    assert main(["export", str(run)]) == 0  # an RL run leaves as the SFT run does
+    from deploy.vla_runtime import OnnxVLAPolicy
+
+    assert OnnxVLAPolicy(run / "policy.onnx").metadata.policy_family == "vla_flow"
+
+    other = tmp_path / "ppo_run"
+    save_checkpoint(other / "checkpoints" / "latest.pt", {"kind": "ppo", "iteration": 0})
+    assert main(["train", "vla-rl", "--init", str(other), "--run-dir", str(tmp_path / "x")]) != 0
+    assert "'ppo' checkpoint, not a VLA run" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match="not a VLA run"):
+        _rl(other, tmp_path / "y")
+    from training.config_docs import undocumented_fields
+
+    assert undocumented_fields(VLARLTrainConfig()) == []
+    with pytest.raises(ValueError, match="num_envs must be a multiple of group_size=8"):
+        VLARLConfig(num_envs=12).check_groups()

@@ -37,6 +37,8 @@ TRAIN_ALGOS: dict[str, str] = {
     "world-model": "a TD-MPC2-style latent world model with planning, off-policy from replay",
     "vla-sft": "supervised fine-tuning of a vision-language-action policy on demonstrations "
     "with images and instructions (sim2real collect expert --task instructed_reach)",
+    "vla-rl": "RL fine-tuning of a vla-sft run in the simulator: GRPO on success with groups "
+    "from one layout (--algo grpo) or PPO with a value head on the shared backbone (--algo ppo)",
 }
 # the checkpoint kinds a train command's runs write, for --resume
 _KINDS = {
@@ -48,6 +50,7 @@ _KINDS = {
     "grpo": ("grpo",),
     "world-model": ("world_model",),
     "vla-sft": ("vla_sft",),
+    "vla-rl": ("vla_rl",),
 }
 # the learners that start from a pretrained run (--init), by their config class name
 _FINETUNE = {"dppo": "DPPOTrainConfig", "reinflow": "ReinFlowTrainConfig", "fpo": "FPOTrainConfig"}
@@ -104,6 +107,10 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
     if algo == "vla-sft":
         p.add_argument("--data", help="demonstrations with images and instructions (collect)")
         p.add_argument("--steps", type=_count, help="gradient updates (sft.num_updates)")
+    elif algo == "vla-rl":
+        p.add_argument("--init", default=None, help="the vla-sft run to start from (init)")
+        p.add_argument("--algo", choices=("grpo", "ppo"), default=None, help="rl.algo")
+        p.add_argument("--steps", type=_count, help="updates (rl.num_updates)")
     elif algo == "grpo":
         p.add_argument("--model", help="directory of a transformers causal LM (save_pretrained)")
         p.add_argument("--data", help="prompts file: JSON lines with 'prompt' and 'answer'")
@@ -131,7 +138,7 @@ def _train_parser(algo: str, config_help: str | None) -> argparse.ArgumentParser
             "--no-artifacts", action="store_true", help="skip the final eval, plot and video"
         )
         p.add_argument("--export", action="store_true", help="export policy.onnx when done")
-    seed_key = "sft.seed" if algo == "vla-sft" else "run.seed"
+    seed_key = {"vla-sft": "sft.seed", "vla-rl": "rl.seed"}.get(algo, "run.seed")
     p.add_argument("--seed", type=int, default=None, help=f"random seed ({seed_key})")
     p.add_argument(
         "--config",
@@ -173,6 +180,10 @@ def _config_for_help(algo: str, argv: list[str]) -> Any:
         from training.vla_sft import VLASFTTrainConfig
 
         return VLASFTTrainConfig()
+    if algo == "vla-rl":
+        from training.vla_rl import VLARLTrainConfig
+
+        return VLARLTrainConfig()
     from training.grpo.config import GRPOTrainConfig
 
     return GRPOTrainConfig()
@@ -204,6 +215,10 @@ def _resumed_config(
         from training.vla_sft import config_from_checkpoint as vla_config
 
         cfg = vla_config(ck)
+    elif algo == "vla-rl":
+        from training.vla_rl import config_from_checkpoint as vla_rl_config
+
+        cfg = vla_rl_config(ck)
     else:
         from training.policy_kinds import config_from_checkpoint
 
@@ -244,7 +259,7 @@ def _overrides(algo: str, a: argparse.Namespace) -> dict[str, Any]:
         except ConfigError as e:
             raise ConfigError(f"{a.config}: {e}" if a.config not in str(e) else str(e)) from None
     merged.update(parse_override(o) for o in _flag_overrides(algo, a))
-    if algo not in ("grpo", "vla-sft") and a.task is None and "env.task" in merged:
+    if algo not in ("grpo", "vla-sft", "vla-rl") and a.task is None and "env.task" in merged:
         a.task = str(merged["env.task"])
     return merged
 
@@ -263,6 +278,10 @@ def _config_template(algo: str, a_policy: str = "diffusion") -> Any:
         from training.vla_sft import VLASFTTrainConfig
 
         return VLASFTTrainConfig()
+    if algo == "vla-rl":
+        from training.vla_rl import VLARLTrainConfig
+
+        return VLARLTrainConfig()
     if algo == "bc":
         return tc.BC_CONFIGS[a_policy]()
     if algo == "world-model":
@@ -281,6 +300,9 @@ def _flag_overrides(algo: str, a: argparse.Namespace) -> list[str]:
         flags += [(a.model, "model.path"), (a.data, "data")]
     elif algo == "vla-sft":
         flags = [(a.seed, "sft.seed"), (a.steps, "sft.num_updates"), (a.data, "data")]
+    elif algo == "vla-rl":
+        flags = [(a.seed, "rl.seed"), (a.steps, "rl.num_updates"), (a.init, "init")]
+        flags.append((a.algo, "rl.algo"))
     return list(a.overrides) + [f"{key}={value}" for value, key in flags if value is not None]
 
 
@@ -443,6 +465,38 @@ def _train_vla_sft(a: argparse.Namespace) -> int:
     return 0
 
 
+def _train_vla_rl(a: argparse.Namespace) -> int:
+    from training.config import apply_overrides
+    from training.vla_rl import VLARLRunner, VLARLTrainConfig
+
+    overrides = _overrides("vla-rl", a)
+    if a.resume:
+        cfg, run_dir = _resumed_config("vla-rl", a, overrides)
+    else:
+        cfg = apply_overrides(VLARLTrainConfig(), overrides)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(a.run_dir) if a.run_dir else Path("runs") / f"vla-rl-{cfg.rl.algo}-{stamp}"
+    if a.print_config:
+        from training.config import dump_config
+
+        print(dump_config(cfg), end="")
+        return 0
+    runner = VLARLRunner(cfg, run_dir, resume=a.resume)
+    try:
+        summary = runner.train()
+    finally:
+        runner.close()
+    rates = ", ".join(f"{k} {v:.2f}" for k, v in summary.items() if k.startswith("eval/"))
+    print(
+        f"vla-rl {cfg.rl.algo}: {summary['updates']:,} updates{'; ' + rates if rates else ''}; "
+        f"run dir {run_dir}"
+    )
+    if summary["stopped_early"]:
+        print(f"stopped; resume with: sim2real train vla-rl --resume {run_dir}")
+        return STOPPED
+    return 0
+
+
 def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
     algo = args.algo
     config_help = None
@@ -455,6 +509,8 @@ def cmd_train(args: argparse.Namespace, rest: list[str]) -> int:
         return _train_grpo(a)
     if algo == "vla-sft":
         return _train_vla_sft(a)
+    if algo == "vla-rl":
+        return _train_vla_rl(a)
     return _train_sim(algo, a)
 
 

@@ -47,7 +47,9 @@ def export_run(
     Returns the path; the measured ONNX-vs-torch error is in the metadata's
     ``extra[deploy.export.PARITY_KEY]``.
     """
-    if load_checkpoint(find_checkpoint(source)).get("kind") == "vla_sft":
+    # training.vla_sft.VLA_KINDS, named here so that other exports do not import
+    # transformers
+    if load_checkpoint(find_checkpoint(source)).get("kind") in ("vla_sft", "vla_rl"):
         from training.vla_sft import export_vla_run  # image and instruction inputs
 
         return export_vla_run(source, out)

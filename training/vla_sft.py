@@ -58,6 +58,8 @@ __all__ = [
 
 KIND = "vla_sft"
 """Checkpoint kind of a VLA SFT run."""
+VLA_KINDS = ("vla_sft", "vla_rl")
+"""Checkpoint kinds of VLA runs, which export_vla_run turns into ONNX."""
 
 
 @dataclass
@@ -409,7 +411,8 @@ def export_vla_run(
     steps: int | None = None,
     camera: str = "top",
 ) -> Path:
-    """Export a VLA SFT run (directory or checkpoint) to ONNX with its tokenizer beside it.
+    """Export a VLA run (SFT or RL; directory or checkpoint) to ONNX with its tokenizer
+    beside it.
 
     The metadata is the task's robot description (as for every policy) plus the VLA's
     inputs: the image size and normalisation, the instruction's token budget, pad id,
@@ -419,15 +422,20 @@ def export_vla_run(
     from deploy.export import export_policy
     from deploy.tokenizer import file_sha256
     from sim.registry import make
-    from training.config import config_hash
+    from training.config import config_hash, from_dict
     from training.metadata import metadata_from_checkpoint
     from training.run_control import code_version
 
     ck_path = find_checkpoint(source)
     ck = load_checkpoint(ck_path)
-    if ck.get("kind") != KIND:
-        raise CheckpointError(f"{source} is a {ck.get('kind')!r} checkpoint, not {KIND!r}")
-    cfg = config_from_checkpoint(ck)
+    if ck.get("kind") not in VLA_KINDS:
+        raise CheckpointError(
+            f"{source} is a {ck.get('kind')!r} checkpoint, not a VLA run {VLA_KINDS}"
+        )
+    try:  # SFT and RL runs both save the model's config under "model"
+        model_cfg = from_dict(VLAConfig, ck["config"]["model"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"the checkpoint's model config does not fit this version: {e}") from e
     run_dir = ck_path.parent.parent if ck_path.parent.name == "checkpoints" else ck_path.parent
     tokenizer = run_dir / "tokenizer.json"
     if not tokenizer.is_file():
@@ -435,14 +443,14 @@ def export_vla_run(
     policy = VLAPolicy(
         int(ck["proprio_size"]),
         int(ck["action_size"]),
-        cfg.model,
+        model_cfg,
         action_low=ck["action_low"],
         action_high=ck["action_high"],
     )
     policy.load_state_dict(ck["policy"])
     module = policy.inference_module(steps).cpu()
     task = str(ck["task"])
-    env = make(task, 1, image_size=cfg.model.image_size)
+    env = make(task, 1, image_size=model_cfg.image_size)
     try:
         frame_ck = {
             "robot": env.robot.to_dict(),
@@ -452,13 +460,13 @@ def export_vla_run(
             "obs_history": 1,
             "run_id": run_dir.name,
             "code_version": code_version(),
-            "config_hash": config_hash(cfg),
+            "config_hash": config_hash(model_cfg),
             "iteration": ck["iteration"],
         }
         base = metadata_from_checkpoint(frame_ck, (env.action_spec.low, env.action_spec.high))
     finally:
         env.close()
-    m = cfg.model
+    m = model_cfg
     meta = dataclasses.replace(
         base,
         policy_family="vla_flow",
