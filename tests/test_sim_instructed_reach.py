@@ -237,3 +237,14 @@ def test_options_are_task_options_and_the_fingertip_is_forward_kinematics():
     site = env.engine.get_data(0).xpos[env.model.body("fingertip").id][:2]
     np.testing.assert_allclose(env.fingertip()[0], site, atol=1e-9)
     np.testing.assert_allclose(fingertip_xy(np.zeros((1, 2)))[0], [LINK0 + LINK1, 0.0])
+
+
+def test_the_robot_description_carries_the_control_period():
+    """What an export writes as control_period_s: one env step (frame_skip physics steps),
+    not one physics step (a policy node would otherwise run at twice the trained rate)."""
+    env = make("instructed_reach", 1, images=False)
+    try:
+        assert env.robot.control_dt == pytest.approx(env.model.opt.timestep * env.frame_skip)
+        assert env.robot.control_dt == pytest.approx(0.02)
+    finally:
+        env.close()

@@ -59,7 +59,7 @@ def torque_robot(model: mujoco.MjModel, control_dt: float) -> RobotDescription:
         torque_limit=np.abs(model.actuator_gear[:, 0])
         * np.abs(model.actuator_ctrlrange).max(axis=1),
         physics_dt=float(model.opt.timestep),
-        control_dt=float(model.opt.timestep) * 1,
+        control_dt=float(control_dt),
         control_mode="torque",
     )
 
@@ -74,10 +74,7 @@ class GymTask(MujocoVecEnv):
 
     @cached_property
     def robot(self) -> RobotDescription:
-        r = torque_robot(self.model, float(self.model.opt.timestep) * self.frame_skip)
-        return RobotDescription(
-            **{**r.__dict__, "control_dt": float(self.model.opt.timestep) * self.frame_skip}
-        )
+        return torque_robot(self.model, float(self.model.opt.timestep) * self.frame_skip)
 
     def _task_action_bounds(self) -> tuple[np.ndarray, np.ndarray]:
         return self.model.actuator_ctrlrange[:, 0].copy(), self.model.actuator_ctrlrange[
