@@ -31,6 +31,8 @@ setup(
         "console_scripts": [
             f"policy_node = {PACKAGE}.policy_node:main",
             f"sim_robot_node = {PACKAGE}.sim_robot_node:main",
+            f"vla_policy_node = {PACKAGE}.vla_policy_node:main",
+            f"vla_sim_robot_node = {PACKAGE}.vla_sim_robot_node:main",
         ],
     },
 )

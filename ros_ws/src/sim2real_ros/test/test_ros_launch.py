@@ -18,7 +18,12 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent  # ros_ws/src/sim2real_ros
 LAUNCH_FILES = sorted((PKG / "launch").glob("*.launch.py"))
-NODE_MODULES = {"policy_node": "policy_node.py", "sim_robot_node": "sim_robot_node.py"}
+NODE_MODULES = {
+    "policy_node": "policy_node.py",
+    "sim_robot_node": "sim_robot_node.py",
+    "vla_policy_node": "vla_policy_node.py",
+    "vla_sim_robot_node": "vla_sim_robot_node.py",
+}
 
 
 def _calls(tree: ast.AST, names: set[str]) -> list[ast.Call]:
@@ -94,6 +99,10 @@ def test_package_layout():
         "launch/sim.launch.py",
         "config/policy.yaml",
         "config/sim.yaml",
+        "launch/vla_policy.launch.py",
+        "launch/vla_sim.launch.py",
+        "config/vla_policy.yaml",
+        "config/vla_sim.yaml",
     ):
         assert (PKG / rel).exists(), rel
     xml = (PKG / "package.xml").read_text()
@@ -115,7 +124,7 @@ def test_package_layout():
 
 def test_entry_points_resolve_to_main_functions():
     scripts = _entry_points()
-    assert set(scripts) == {"policy_node", "sim_robot_node"}
+    assert set(scripts) == set(NODE_MODULES)
     for name, target in scripts.items():
         module, func = target.split(":")
         assert module == f"sim2real_ros.{name}"
@@ -163,29 +172,37 @@ def test_launch_file_names_only_existing_things(launch_file):
             assert (PKG / "config" / s).is_file() or (PKG / "launch" / s).is_file(), s
 
 
-def test_policy_launch_takes_the_policy_argument():
-    tree = ast.parse((PKG / "launch" / "policy.launch.py").read_text())
+@pytest.mark.parametrize("prefix", ["", "vla_"])
+def test_policy_launch_takes_the_policy_argument(prefix):
+    tree = ast.parse((PKG / "launch" / f"{prefix}policy.launch.py").read_text())
     args = {_strings(c)[0] for c in _calls(tree, {"DeclareLaunchArgument"})}
     assert {"policy", "params_file", "autostart"} <= args
     (node,) = _calls(tree, {"LifecycleNode"})
     params = _strings(_kw(node, "parameters"))
     assert "policy_path" in params and "policy" in params
-    assert _kw(node, "executable").value == "policy_node"
+    assert _kw(node, "executable").value == f"{prefix}policy_node"
 
 
-def test_sim_launch_runs_the_robot_launch_unchanged_plus_the_simulated_robot():
-    tree = ast.parse((PKG / "launch" / "sim.launch.py").read_text())
+@pytest.mark.parametrize("prefix", ["", "vla_"])
+def test_sim_launch_runs_the_robot_launch_unchanged_plus_the_simulated_robot(prefix):
+    tree = ast.parse((PKG / "launch" / f"{prefix}sim.launch.py").read_text())
     (include,) = _calls(tree, {"IncludeLaunchDescription"})
-    assert "policy.launch.py" in _strings(include)
+    assert f"{prefix}policy.launch.py" in _strings(include)
     (sim,) = _calls(tree, {"Node"})
-    assert _kw(sim, "executable").value == "sim_robot_node"
+    assert _kw(sim, "executable").value == f"{prefix}sim_robot_node"
     strings = _strings(tree)
-    assert "policy.yaml" in strings and "sim.yaml" in strings
+    assert f"{prefix}policy.yaml" in strings and f"{prefix}sim.yaml" in strings
     assert "activate" in strings  # autostart:=activate for the rehearsal
 
 
 @pytest.mark.parametrize(
-    "config, module", [("policy.yaml", "policy_node.py"), ("sim.yaml", "sim_robot_node.py")]
+    "config, module",
+    [
+        ("policy.yaml", "policy_node.py"),
+        ("sim.yaml", "sim_robot_node.py"),
+        ("vla_policy.yaml", "vla_policy_node.py"),
+        ("vla_sim.yaml", "vla_sim_robot_node.py"),
+    ],
 )
 def test_parameter_files_set_only_declared_parameters(config, module):
     text = (PKG / "config" / config).read_text()
@@ -200,6 +217,8 @@ def test_parameter_files_set_only_declared_parameters(config, module):
         assert unset == {"kp", "kd"}  # unset: the policy's trained gains
         documented = keys | unset
         assert documented == declared, f"undocumented parameters: {sorted(declared - documented)}"
+    if config.startswith("vla_"):
+        assert keys == declared, f"undocumented parameters: {sorted(declared - keys)}"
 
 
 def test_topics_of_the_two_nodes_meet():
@@ -211,6 +230,13 @@ def test_topics_of_the_two_nodes_meet():
 
     for key in ("joint_states_topic", "imu_topic", "command_topic"):
         assert value(policy, key) == value(sim, key), key
+    vla_policy = (PKG / "config" / "vla_policy.yaml").read_text()
+    vla_sim = (PKG / "config" / "vla_sim.yaml").read_text()
+    for key in ("joint_states_topic", "fingertip_topic", "instruction_topic", "image_topic"):
+        assert value(vla_policy, key) == value(vla_sim, key), key
+    # "" on the policy side: the effort topic, as the policy is torque-controlled
+    assert value(vla_policy, "command_topic") == '""'
+    assert value(vla_sim, "command_topic") == "forward_effort_controller/commands"
 
 
 def test_package_imports_without_ros():
@@ -222,6 +248,8 @@ def test_package_imports_without_ros():
         "node_runtime.py",
         "ros_env.py",
         "gains.py",
+        "vla_observation.py",
+        "vla_controller.py",
     ):
         tree = ast.parse((PKG / "sim2real_ros" / module).read_text())
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
@@ -257,9 +285,15 @@ def _imports(path: Path) -> list[str]:
     return names
 
 
-def test_policy_node_imports_only_what_a_robot_has():
+# the VLA node also has the VLA runtime (onnxruntime and `tokenizers`, no torch)
+VLA_DEPLOY_MODULES = ROBOT_DEPLOY_MODULES | {"deploy.vla_runtime"}
+
+
+@pytest.mark.parametrize("node", ["policy_node", "vla_policy_node"])
+def test_policy_node_imports_only_what_a_robot_has(node):
+    deploy_modules = VLA_DEPLOY_MODULES if node == "vla_policy_node" else ROBOT_DEPLOY_MODULES
     seen: set[str] = set()
-    todo = ["sim2real_ros", "sim2real_ros.policy_node"]
+    todo = ["sim2real_ros", f"sim2real_ros.{node}"]
     while todo:
         module = todo.pop()
         if module in seen:
@@ -271,7 +305,7 @@ def test_policy_node_imports_only_what_a_robot_has():
                 if _module_file(name).exists():
                     todo.append(name)
             elif root == "deploy":
-                assert name == "deploy" or name in ROBOT_DEPLOY_MODULES, f"{module} imports {name}"
+                assert name == "deploy" or name in deploy_modules, f"{module} imports {name}"
             else:
                 allowed = (
                     root in sys.stdlib_module_names
@@ -280,7 +314,13 @@ def test_policy_node_imports_only_what_a_robot_has():
                 )
                 assert allowed, f"{module} imports {name}"
     # the walk really followed the node's own modules
-    assert {"sim2real_ros.controller", "sim2real_ros.observation", "sim2real_ros.gains"} <= seen
+    own = {"sim2real_ros.controller", "sim2real_ros.observation"}
+    own |= (
+        {"sim2real_ros.vla_controller", "sim2real_ros.vla_observation"}
+        if "vla" in node
+        else {"sim2real_ros.gains"}
+    )
+    assert own <= seen
     assert "sim2real_ros.node_runtime" in seen
     assert "sim2real_ros.ros_env" not in seen
 
