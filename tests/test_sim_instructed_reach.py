@@ -59,7 +59,7 @@ def test_images_render_per_env_with_the_named_colour_where_the_named_ball_is():
     goals = env.goal_positions()
     for i, text in enumerate(env.instructions):
         colour = COLOURS[parse_instruction(text)]
-        assert obs["policy"][i, -1].item() == COLOURS.index(colour)  # instruction_id
+        assert obs["critic"][i, 8].item() == COLOURS.index(colour)  # instruction_id
         mask = _colour_mask(frames[i], colour)
         assert mask.sum() >= 6, f"env {i}: no {colour} pixels for {text!r}"
         rows, cols = np.nonzero(mask)
@@ -149,7 +149,7 @@ def test_instruct_renames_the_target_and_refuses_unknown_or_absent_colours():
     other = next(c for c in present if f"reach the {c} ball" != env.instructions[0])
     obs = env.instruct([f"reach the {other} ball"], ids=[0])
     assert env.instructions[0] == f"reach the {other} ball"
-    assert obs["policy"][0, -1].item() == COLOURS.index(other)
+    assert obs["critic"][0, 8].item() == COLOURS.index(other)  # instruction_id
     np.testing.assert_allclose(
         env.goal_positions()[0], env.ball_positions()[0, present.index(other)]
     )

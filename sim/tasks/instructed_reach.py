@@ -7,14 +7,17 @@ balls are three of red, green, blue and yellow, and a fixed camera above the tab
 renders every env of the batch.
 
 Observations:
-    ``policy``  joint cos/sin, joint velocities, fingertip xy, ``instruction_id`` (the
-                named colour's index in COLOURS): what the robot knows without vision.
-                Where the balls are is not in it: that is what the image is for.
-    ``critic``  the policy terms, then the privileged scene: every ball's xy and colour
-                index (in slot order) and the named ball's offset from the fingertip.
+    ``policy``  joint cos/sin, joint velocities, fingertip xy: what the robot knows
+                without vision or language. Where the balls are is not in it (that is
+                what the image is for), nor which one is named (that is what the
+                instruction is for: a policy that read the colour from here could
+                ignore the words, and no test of language grounding would mean much).
+    ``critic``  the policy terms, then the privileged scene: ``instruction_id`` (the
+                named colour's index in COLOURS), every ball's xy and colour index (in
+                slot order) and the named ball's offset from the fingertip.
     ``image``   uint8 [N, H, W, 3] from the top camera (``images=False`` drops it).
 ``env.instructions`` holds each env's instruction as text, e.g. "reach the red ball",
-for a tokenizer; ``instruction_id`` is the same information as an integer.
+for a tokenizer; ``env.instruction_ids`` is the same information as integers.
 
 Reward: ``-distance`` (fingertip to the *named* ball, metres) plus ``success_bonus`` on
 the step that succeeds. Success: the fingertip centre within ``success_radius`` of the
@@ -270,9 +273,13 @@ class InstructedReach(MujocoVecEnv):
             ("joint_sin", 2),
             ("joint_vel", 2),
             ("fingertip", 2),
-            ("instruction_id", 1),
         ]
-        scene = [("ball_pos", 2 * NUM_TARGETS), ("ball_colour", NUM_TARGETS), ("goal_delta", 2)]
+        scene = [
+            ("instruction_id", 1),
+            ("ball_pos", 2 * NUM_TARGETS),
+            ("ball_colour", NUM_TARGETS),
+            ("goal_delta", 2),
+        ]
         return {"policy": policy, "critic": policy + scene}
 
     # ------------------------------------------------------------------ state

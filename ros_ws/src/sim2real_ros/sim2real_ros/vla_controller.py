@@ -49,7 +49,13 @@ from deploy.safety import DEFAULT_MAX_TARGET_SPEED, SafetyConfig, SafetyLayer
 from deploy.vla_runtime import OnnxVLAPolicy
 from sim2real_ros.controller import ConfigureError
 from sim2real_ros.observation import ObservationError
-from sim2real_ros.vla_observation import ImageError, ProprioAssembler, check_image, image_into
+from sim2real_ros.vla_observation import (
+    ImageError,
+    ProprioAssembler,
+    check_image,
+    image_into,
+    normalize_instruction,
+)
 
 __all__ = ["CONTROL_MODES", "VLAController"]
 
@@ -81,7 +87,8 @@ class VLAController:
             position targets, actuator units/s for torques; 0 or ``inf``: none).
         hold_last_on_fault: non-finite proprio/action -> hold the last command (else the
             safe command: zero torque, or the default pose).
-        instructions: the task's instructions in training order (``instruction_id``).
+        instructions: the sentences the robot may be given (empty: any sentence whose
+            words the tokenizer knows); another one is refused, counted and logged.
         instruction: the first instruction ("" : none until one arrives).
         intra_op_threads, seed, deterministic: of :class:`OnnxVLAPolicy`.
 
@@ -124,10 +131,11 @@ class VLAController:
             raise ConfigureError(f"policy {path}: unknown control_mode {self.control_mode!r}")
         try:
             self.proprio = ProprioAssembler(
-                meta.obs_terms, meta.action_joint_names, meta.default_joint_pos, instructions
+                meta.obs_terms, meta.action_joint_names, meta.default_joint_pos
             )
         except ObservationError as exc:
             raise ConfigureError(f"policy {path}: {exc}") from None
+        self.instructions = [normalize_instruction(t) for t in instructions]
         self.joint_names = list(meta.action_joint_names)
         self.num_joints = len(self.joint_names)
         self.image_height, self.image_width = self.policy.image_shape[:2]
@@ -200,18 +208,14 @@ class VLAController:
         """Use ``text`` from the next chunk on; "" or why it was refused (then the
         previous instruction stays)."""
         try:
-            index = (
-                self.proprio.instruction_index(text)
-                if "instruction_id" in self.proprio.slices
-                else math.nan
-            )
+            if self.instructions and normalize_instruction(text) not in self.instructions:
+                raise ValueError(f"instruction {text!r} is not one of {self.instructions}")
             if text == self.policy.instruction:
                 return ""
             self.policy.set_instruction(text)  # ValueError naming an unknown word
         except ValueError as exc:
             self.counters["bad_instruction"] += 1
             return str(exc)
-        self.proprio.instruction_id = float(index)
         self.counters["instruction_changes"] += 1
         return ""
 

@@ -23,15 +23,12 @@ term                size    from
 ``joint_sin``       joints  ``sin(JointState.position)``
 ``fingertip``       2 or 3  the end effector's point (``geometry_msgs/PointStamped``: x, y
                             [, z]), from the robot's forward kinematics
-``instruction_id``  1       the current instruction's index in the node's ``instructions``
-                            list (the task's instruction order)
 ``last_action``     joints  the last raw action sent
 ==================  ======  =============================================================
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +55,6 @@ VLA_TERMS: dict[str, int | tuple[int, ...] | None] = {
     "joint_cos": None,
     "joint_sin": None,
     "fingertip": (2, 3),
-    "instruction_id": 1,
     "last_action": None,
 }
 """Proprio term names the VLA node can compute, with their sizes."""
@@ -117,8 +113,7 @@ class ProprioAssembler:
     """Builds the proprio vector in the order of the policy's ``obs_terms``.
 
     Raises:
-        ObservationError: a term has no ROS source or its size disagrees, or the policy
-            observes ``instruction_id`` and ``instructions`` is empty.
+        ObservationError: a term has no ROS source or its size disagrees.
     """
 
     def __init__(
@@ -126,7 +121,6 @@ class ProprioAssembler:
         obs_terms: Sequence[tuple[str, int]],
         joint_names: Sequence[str],
         default_joint_pos: Sequence[float],
-        instructions: Sequence[str] = (),
     ) -> None:
         self.joint_names = [str(n) for n in joint_names]
         nj = len(self.joint_names)
@@ -157,25 +151,11 @@ class ProprioAssembler:
             self.slices[name] = slice(start, start + size)
             start += size
         self.size = start
-        self.instructions = [normalize_instruction(t) for t in instructions]
-        if "instruction_id" in self.slices and not self.instructions:
-            raise ObservationError(
-                "the policy observes 'instruction_id': set the parameter 'instructions' to the "
-                "task's instructions in training order (the id is the index in that list)"
-            )
         self.needs_joint_state = any(n in self.slices for n in _JOINT_STATE_TERMS)
         self.needs_fingertip = "fingertip" in self.slices
         self._frame = np.zeros(self.size)
         self._index = np.zeros(nj, dtype=np.intp)
         self._index_names: list[str] | None = None
-        self.instruction_id = math.nan
-
-    def instruction_index(self, text: str) -> int:
-        """The id of ``text`` (its index in ``instructions``); ValueError if not there."""
-        key = normalize_instruction(text)
-        if key not in self.instructions:
-            raise ValueError(f"instruction {text!r} is not one of {self.instructions}")
-        return self.instructions.index(key)
 
     def joint_positions(self, joint_state: Any) -> np.ndarray:
         """Measured positions of the action joints, in policy order (a new array)."""
@@ -229,8 +209,6 @@ class ProprioAssembler:
             sl = s["fingertip"]
             p = point.point
             f[sl] = (p.x, p.y, p.z)[: sl.stop - sl.start]
-        if "instruction_id" in s:
-            f[s["instruction_id"]] = self.instruction_id
         if "last_action" in s:
             f[s["last_action"]] = last_action
         return f
