@@ -134,8 +134,15 @@ def test_reward_is_the_distance_to_the_named_ball_not_another():
     assert info["success"].item() == 0.0 and not term.item()
     assert info["distance"].item() == pytest.approx(gap, abs=2e-3)
     assert rew.item() == pytest.approx(-info["distance"].item(), abs=1e-6)
-    # on the named ball: success, the bonus, and the episode ends
+    # on the named ball but sweeping through it: no success (reach *and stop*)
     qpos[0, :2] = _ik(balls[named])
+    fast = np.zeros_like(state["qvel"])
+    fast[0, 0] = 2.0  # rad/s at the shoulder: ~0.4 m/s at the fingertip
+    env.set_state(qpos, fast)
+    _, rew, term, _, info = env.step(torch.zeros(1, 2))
+    assert info["distance"].item() < env.success_radius and info["speed"].item() > 0.1
+    assert info["success"].item() == 0.0 and not term.item()
+    # on the named ball and still: success, the bonus, and the episode ends
     env.set_state(qpos, np.zeros_like(state["qvel"]))
     _, rew, term, _, info = env.step(torch.zeros(1, 2))
     assert info["success"].item() == 1.0 and term.item()

@@ -21,7 +21,8 @@ for a tokenizer; ``env.instruction_ids`` is the same information as integers.
 
 Reward: ``-distance`` (fingertip to the *named* ball, metres) plus ``success_bonus`` on
 the step that succeeds. Success: the fingertip centre within ``success_radius`` of the
-named ball's centre; info reports ``success`` and ``distance`` every step. The episode
+named ball's centre and slower than ``success_speed``: reach it and stop there; info
+reports ``success``, ``distance`` and the fingertip's ``speed`` every step. The episode
 terminates on success (``terminate_on_success=True``, the default), so a success is
 counted once and an episode of the expert is a clean demonstration; it is truncated
 after ``max_episode_steps``.
@@ -189,6 +190,19 @@ def fingertip_xy(q: np.ndarray) -> np.ndarray:
     )
 
 
+def fingertip_velocity(q: np.ndarray, qd: np.ndarray) -> np.ndarray:
+    """Fingertip velocity [N, 2] (m/s) of joint angles and velocities [N, 2]."""
+    a0, a01 = q[:, 0], q[:, 0] + q[:, 1]
+    w0, w01 = qd[:, 0], qd[:, 0] + qd[:, 1]
+    return np.stack(
+        [
+            -LINK0 * np.sin(a0) * w0 - LINK1 * np.sin(a01) * w01,
+            LINK0 * np.cos(a0) * w0 + LINK1 * np.cos(a01) * w01,
+        ],
+        axis=1,
+    )
+
+
 def _wrap(a: np.ndarray) -> np.ndarray:
     return np.mod(a + np.pi, 2 * np.pi) - np.pi
 
@@ -196,9 +210,9 @@ def _wrap(a: np.ndarray) -> np.ndarray:
 class InstructedReach(MujocoVecEnv):
     name = "instructed_reach"
     frame_skip = 2
-    # the scripted expert succeeds in 12 steps on average, 17 at most (1000 episodes
-    # per split); ~5x that leaves a learner room to correct itself without making
-    # failed episodes long
+    # the scripted expert reaches and stops in 18 steps on average, 22 at most (512
+    # episodes per split); ~4x that leaves a learner room to correct itself without
+    # making failed episodes long
     max_episode_steps = 80
 
     def __init__(
@@ -212,6 +226,7 @@ class InstructedReach(MujocoVecEnv):
         images: bool = True,
         image_size: int | Sequence[int] = 64,
         success_radius: float = 0.02,
+        success_speed: float = 0.05,
         success_bonus: float = 1.0,
         terminate_on_success: bool = True,
         **kwargs: Any,
@@ -221,7 +236,10 @@ class InstructedReach(MujocoVecEnv):
         the instruction only, e.g. for state-based RL or a fast expert). image_size: an
         int for square frames or (height, width), pixels, 1..1024. success_radius:
         metres between fingertip and named ball centres that count as reaching it.
-        success_bonus: reward added on the step that succeeds. terminate_on_success:
+        success_speed: the fingertip must also be this slow (m/s; inf: any speed), i.e.
+        stop on the ball: without it an arm spinning through the balls' annulus
+        "reaches" whichever ball it sweeps over, instruction and image unseen (an
+        untrained policy did so in 3 of 4 episodes). success_bonus: reward added on the step that succeeds. terminate_on_success:
         end the episode on success (else it runs to max_episode_steps)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -234,6 +252,9 @@ class InstructedReach(MujocoVecEnv):
         self.split = split
         self.images = bool(images)
         self.success_radius = float(success_radius)
+        if not (success_speed > 0):
+            raise ValueError(f"success_speed must be > 0 m/s, got {success_speed!r}")
+        self.success_speed = float(success_speed)
         self.success_bonus = float(success_bonus)
         self.terminate_on_success = bool(terminate_on_success)
         super().__init__(num_envs, seed, device, s2r, **kwargs)
@@ -326,8 +347,12 @@ class InstructedReach(MujocoVecEnv):
         }
 
     def _task_reward(self, pre, actions):
-        distance = np.linalg.norm(self.fingertip() - self.goal_positions(), axis=1)
-        success = (distance <= self.success_radius).astype(np.float64)
+        q, qd = self._arm()
+        distance = np.linalg.norm(fingertip_xy(q) - self.goal_positions(), axis=1)
+        speed = np.linalg.norm(fingertip_velocity(q, qd), axis=1)
+        success = ((distance <= self.success_radius) & (speed <= self.success_speed)).astype(
+            np.float64
+        )
         bonus = self.success_bonus * success
         terminated = success > 0 if self.terminate_on_success else np.zeros_like(success, bool)
         extras = {
@@ -335,6 +360,7 @@ class InstructedReach(MujocoVecEnv):
             "reward_success": bonus,
             "success": success,
             "distance": distance,
+            "speed": speed,
         }
         return -distance + bonus, terminated, extras
 
@@ -480,6 +506,18 @@ class InstructedReach(MujocoVecEnv):
         self.named_slot[ids] = slots
         self._obs = self._observe(ids)
         return self._shaped(self._obs)
+
+    def wrong_instructions(self, rng: np.random.Generator) -> list[str]:
+        """For each env, an instruction naming one of its *other* balls (uniformly): the
+        input of a language-grounding test, where a policy is told the wrong ball while
+        the task still rewards the named one. A policy that follows the words fails; one
+        that ignores them and picks a ball at random succeeds a third as often as it
+        does with the right words."""
+        out = []
+        for i in range(self.num_envs):
+            others = np.delete(self.ball_colour[i], self.named_slot[i])
+            out.append(instruction_text(COLOURS[int(rng.choice(others))]))
+        return out
 
     # ------------------------------------------------------------------ expert
     def expert_action(self, kp: float = 1.0, kd: float = 0.12) -> np.ndarray:
