@@ -4,12 +4,15 @@ named."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
 from policies.vla import VLAConfig  # noqa: E402
+from sim.tasks.instructed_reach import parse_instruction  # noqa: E402
 from training.cli import main  # noqa: E402
 from training.collect import collect_demos  # noqa: E402
 from training.config import ConfigError  # noqa: E402
@@ -298,6 +301,51 @@ def test_rl_resume_is_exact(sft_run, tmp_path):
     a, b = straight.policy.state_dict(), resumed.policy.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    assert resumed.env_steps == straight.env_steps
+
+
+def test_rl_counts_every_simulator_step(sft_run, tmp_path, monkeypatch):
+    """env_steps: num_envs per env.step call of the rollouts (the simulator's work,
+    every env of the batch, finished or not), logged and returned."""
+    runner = _rl(sft_run, tmp_path / "r", algo="grpo", num_updates=2)
+    calls = []
+    step = runner.env.step
+    monkeypatch.setattr(runner.env, "step", lambda a: (calls.append(1), step(a))[1])
+    summary = runner.train()
+    runner.close()
+    assert len(calls) > 0 and summary["env_steps"] == 4 * len(calls) == runner.env_steps
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["perf/env_steps"] == runner.env_steps
+
+
+def test_wrong_instructions_name_another_ball_of_the_scene(sft_run, monkeypatch):
+    """The grounding test tells each episode's policy about a ball that is in its scene
+    and is not the named one; success still counts the named one."""
+    import sim.registry
+    import training.vla_sft as sft
+
+    policy, tokenizer, ck, _ = sft.load_vla_run(sft_run)
+    envs, told = [], []
+    make = sim.registry.make
+    monkeypatch.setattr(sim.registry, "make", lambda *a, **k: envs.append(make(*a, **k)) or envs[-1])
+
+    def spy(tok, texts, *a):
+        env = envs[-1]
+        for i, text in enumerate(texts):
+            told.append((text, env.instructions[i], [int(c) for c in env.ball_colour[i]]))
+        return encode(tok, texts, *a)
+
+    encode = sft.encode_instructions
+    monkeypatch.setattr(sft, "encode_instructions", spy)
+    rate = sft.evaluate_success(
+        policy, tokenizer, ck["task"], 6, num_envs=3, seed=1,
+        task_args={"image_size": SIZE, "max_episode_steps": 6}, wrong_instructions=True,
+    )  # fmt: skip
+    assert 0.0 <= rate <= 1.0 and len(told) >= 6
+    for text, named, colours in told:
+        assert text != named and parse_instruction(text) in colours, (text, named, colours)
+    with pytest.raises(ValueError, match="act_steps must be in"):
+        sft.evaluate_success(policy, tokenizer, ck["task"], 1, act_steps=0)
 
 
 def test_rl_cli_help_trains_resumes_and_names_a_non_vla_init(sft_run, tmp_path, capsys):

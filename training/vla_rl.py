@@ -80,7 +80,7 @@ from training.run_control import train_loop
 from training.run_dir import prepare_run_dir
 from training.runner import write_config
 from training.vla_sft import KIND as SFT_KIND
-from training.vla_sft import evaluate_success
+from training.vla_sft import evaluate_success, vla_policy_from_checkpoint
 
 __all__ = [
     "ALGOS",
@@ -387,14 +387,7 @@ class VLARLRunner:
 
         self.tokenizer = Tokenizer.from_file(str(tokenizer_src))
         self.init_ck = init_ck
-        self.policy = VLAPolicy(
-            int(init_ck["proprio_size"]),
-            int(init_ck["action_size"]),
-            self.model_cfg,
-            action_low=init_ck["action_low"],
-            action_high=init_ck["action_high"],
-        ).to(self.device)
-        self.policy.load_state_dict(init_ck["policy"])
+        self.policy = vla_policy_from_checkpoint(init_ck).to(self.device)
         head = self.policy.head
         lo, hi = (float(v) for v in head.noise_bounds)
         head.set_noise_bounds(
@@ -425,6 +418,7 @@ class VLARLRunner:
         self.generator = torch.Generator(device=self.device).manual_seed(rc.seed)
         self.num_updates = 0
         self.rollouts = 0  # rollouts so far: the layouts' seed
+        self.env_steps = 0  # simulator steps of every env (rollouts only, not evaluations)
         from sim.registry import make
 
         extra = {} if rc.max_episode_steps is None else {"max_episode_steps": rc.max_episode_steps}
@@ -464,6 +458,7 @@ class VLARLRunner:
             "torch_rng": torch.get_rng_state(),
             "iteration": self.num_updates,
             "rollouts": self.rollouts,
+            "env_steps": self.env_steps,
         }
         return save_checkpoint(self.run_dir / "checkpoints" / "latest.pt", payload)
 
@@ -477,6 +472,7 @@ class VLARLRunner:
         torch.set_rng_state(ck["torch_rng"])
         self.num_updates = int(ck["iteration"])
         self.rollouts = int(ck["rollouts"])
+        self.env_steps = int(ck.get("env_steps", 0))
         self.logger.truncate_after(self.num_updates)
 
     # ------------------------------------------------------------------ rollouts
@@ -528,6 +524,7 @@ class VLARLRunner:
                 if not bool(live.any()):
                     break
                 obs, r, term, trunc, info = env.step(s.actions[:, j].cpu())
+                self.env_steps += n
                 executed[live, j] = 1.0
                 length += live.float()
                 won = (term & ~info["unstable"]).cpu()
@@ -616,6 +613,7 @@ class VLARLRunner:
                 break
         stats: dict[str, float] = {f"rollout/{k}": float(np.mean(v)) for k, v in roll.items()}
         stats["rollout/rounds"] = float(rounds)
+        stats["perf/env_steps"] = float(self.env_steps)
         names = ("policy_loss", "approx_kl", "clip_frac", "ratio_max", "noise_std")
         if rc.algo == "ppo":
             names = (*names, "value_loss")
@@ -694,7 +692,11 @@ class VLARLRunner:
             return u
 
         stopped = train_loop(self.num_updates, total, step, self.save, rc.checkpoint_every)
-        summary: dict[str, Any] = {"updates": self.num_updates, "stopped_early": stopped}
+        summary: dict[str, Any] = {
+            "updates": self.num_updates,
+            "env_steps": self.env_steps,
+            "stopped_early": stopped,
+        }
         if not stopped and rc.eval_episodes:
             summary.update(self.evaluate())
             self.logger.log(self.num_updates, {k: v for k, v in summary.items() if "/" in k})

@@ -54,6 +54,8 @@ __all__ = [
     "VLASFTTrainConfig",
     "evaluate_success",
     "export_vla_run",
+    "load_vla_run",
+    "vla_policy_from_checkpoint",
 ]
 
 KIND = "vla_sft"
@@ -358,18 +360,33 @@ def evaluate_success(
     seed: int = 0,
     task_args: dict[str, Any] | None = None,
     max_steps: int = 100_000,
+    act_steps: int | None = None,
+    wrong_instructions: bool = False,
 ) -> float:
     """Fraction of ``episodes`` that end by reaching the named target (terminated, not
-    timed out), deterministic chunks (zero noise), act_steps of each executed."""
+    timed out), deterministic chunks (zero noise), ``act_steps`` of each executed (None:
+    the policy's).
+
+    ``wrong_instructions``: the policy is told, in each episode, to reach one of the
+    *other* balls (the task's ``wrong_instructions``) while success still counts the
+    named one: the language-grounding test.
+    """
     from sim.registry import make
 
     cfg = policy.cfg
-    act_steps = cfg.head.act_steps
+    act_steps = cfg.head.act_steps if act_steps is None else int(act_steps)
+    if not 1 <= act_steps <= cfg.head.horizon:
+        raise ValueError(f"act_steps must be in [1, {cfg.head.horizon}], got {act_steps}")
     env = make(task, num_envs, seed=seed, **(task_args or {}))
+    if wrong_instructions and not hasattr(env, "wrong_instructions"):
+        env.close()
+        raise ValueError(f"task {task!r} has no wrong_instructions: no grounding test")
+    rng = np.random.default_rng(seed)
     was_training = policy.training
     policy.eval()
     try:
         obs = env.reset()
+        told = list(env.wrong_instructions(rng) if wrong_instructions else env.instructions)
         chunk = torch.zeros(num_envs, cfg.head.horizon, policy.action_size)
         pos = np.full(num_envs, act_steps)  # every env plans at the first step
         done_count, successes, steps = 0, 0, 0
@@ -377,7 +394,7 @@ def evaluate_success(
             need = pos >= act_steps
             if need.any():
                 ids = encode_instructions(
-                    tokenizer, env.instructions, cfg.max_instruction_tokens, cfg.pad_token_id
+                    tokenizer, told, cfg.max_instruction_tokens, cfg.pad_token_id
                 )
                 noise = torch.zeros(num_envs, cfg.head.horizon, policy.action_size)
                 new = policy.sample(
@@ -397,11 +414,55 @@ def evaluate_success(
                         done_count += 1
                         successes += int(won[i])
                 pos[ended] = act_steps  # a new episode plans from its first frame
+                fresh = env.wrong_instructions(rng) if wrong_instructions else env.instructions
+                for i in np.nonzero(ended)[0]:
+                    told[i] = fresh[i]
             steps += 1
     finally:
         env.close()
         policy.train(was_training)
     return successes / max(done_count, 1)
+
+
+def vla_policy_from_checkpoint(ck: dict[str, Any]) -> VLAPolicy:
+    """The VLAPolicy a VLA checkpoint (SFT or RL) holds, with its weights, on the CPU."""
+    from training.config import from_dict
+
+    try:  # SFT and RL runs both save the model's config under "model"
+        model_cfg = from_dict(VLAConfig, ck["config"]["model"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConfigError(f"the checkpoint's model config does not fit this version: {e}") from e
+    policy = VLAPolicy(
+        int(ck["proprio_size"]),
+        int(ck["action_size"]),
+        model_cfg,
+        action_low=ck["action_low"],
+        action_high=ck["action_high"],
+    )
+    policy.load_state_dict(ck["policy"])
+    return policy
+
+
+def load_vla_run(source: str | os.PathLike) -> tuple[VLAPolicy, Any, dict[str, Any], Path]:
+    """(policy, tokenizer, checkpoint, run directory) of a VLA run (SFT or RL; a run
+    directory or a checkpoint file), the policy in eval mode on the CPU.
+
+    CheckpointError: not a VLA run; FileNotFoundError: no checkpoint or no tokenizer.
+    """
+    from tokenizers import Tokenizer
+
+    ck_path = find_checkpoint(source)
+    ck = load_checkpoint(ck_path)
+    if ck.get("kind") not in VLA_KINDS:
+        raise CheckpointError(
+            f"{source} is a {ck.get('kind')!r} checkpoint, not a VLA run {VLA_KINDS}"
+        )
+    run_dir = ck_path.parent.parent if ck_path.parent.name == "checkpoints" else ck_path.parent
+    tokenizer = run_dir / "tokenizer.json"
+    if not tokenizer.is_file():
+        raise FileNotFoundError(f"{tokenizer} is missing: the run's tokenizer travels with it")
+    policy = vla_policy_from_checkpoint(ck).eval()
+    return policy, Tokenizer.from_file(str(tokenizer)), ck, run_dir
 
 
 def export_vla_run(
@@ -422,32 +483,13 @@ def export_vla_run(
     from deploy.export import export_policy
     from deploy.tokenizer import file_sha256
     from sim.registry import make
-    from training.config import config_hash, from_dict
+    from training.config import config_hash
     from training.metadata import metadata_from_checkpoint
     from training.run_control import code_version
 
-    ck_path = find_checkpoint(source)
-    ck = load_checkpoint(ck_path)
-    if ck.get("kind") not in VLA_KINDS:
-        raise CheckpointError(
-            f"{source} is a {ck.get('kind')!r} checkpoint, not a VLA run {VLA_KINDS}"
-        )
-    try:  # SFT and RL runs both save the model's config under "model"
-        model_cfg = from_dict(VLAConfig, ck["config"]["model"])
-    except (TypeError, KeyError, ValueError) as e:
-        raise ConfigError(f"the checkpoint's model config does not fit this version: {e}") from e
-    run_dir = ck_path.parent.parent if ck_path.parent.name == "checkpoints" else ck_path.parent
+    policy, _, ck, run_dir = load_vla_run(source)
+    model_cfg = policy.cfg
     tokenizer = run_dir / "tokenizer.json"
-    if not tokenizer.is_file():
-        raise FileNotFoundError(f"{tokenizer} is missing: the run's tokenizer travels with it")
-    policy = VLAPolicy(
-        int(ck["proprio_size"]),
-        int(ck["action_size"]),
-        model_cfg,
-        action_low=ck["action_low"],
-        action_high=ck["action_high"],
-    )
-    policy.load_state_dict(ck["policy"])
     module = policy.inference_module(steps).cpu()
     task = str(ck["task"])
     env = make(task, 1, image_size=model_cfg.image_size)
