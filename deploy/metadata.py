@@ -45,7 +45,9 @@ set for that family and null for every other one:
   "vocab_size", "tokenizer_file", "tokenizer_sha256"}``; the tokenizer is a
   ``tokenizers`` JSON file next to the ``.onnx`` (a bare file name), checked by its
   sha256 on load (:mod:`deploy.tokenizer`); ``vocab_size`` is the rows of the model's
-  token embedding, which every id must be below.
+  token embedding, which every id must be below. Optional ``instructions``: the
+  sentences the task trained with (a robot may refuse any other; files without the key
+  load as before).
 - ``action_chunk``: ``{"horizon", "act_steps"}``: the graph returns ``horizon`` actions;
   the robot executes the first ``act_steps`` of each, as training did.
 - ``flow_steps``: the Euler steps unrolled inside the graph.
@@ -130,6 +132,9 @@ INSTRUCTION_INPUT_KEYS = (
     "tokenizer_sha256",
 )
 """Keys of :attr:`PolicyMetadata.instruction_input`."""
+
+INSTRUCTION_INPUT_OPTIONAL = ("instructions",)
+"""Keys :attr:`PolicyMetadata.instruction_input` may have besides the required ones."""
 
 ACTION_CHUNK_KEYS = ("horizon", "act_steps")
 """Keys of :attr:`PolicyMetadata.action_chunk`."""
@@ -669,16 +674,22 @@ def _as_recurrent_state(value: Any) -> list[tuple[str, list[int]]]:
     ]
 
 
-def _as_spec(value: Any, keys: tuple[str, ...], convert: Mapping[str, Any]) -> dict[str, Any]:
-    """A mapping with exactly ``keys``, each value converted (naming the key on failure)."""
+def _as_spec(
+    value: Any,
+    keys: tuple[str, ...],
+    convert: Mapping[str, Any],
+    optional: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A mapping with exactly ``keys`` (and any of ``optional``), each value converted
+    (naming the key on failure)."""
     if not isinstance(value, Mapping):
         raise TypeError(f"expected a mapping with keys {list(keys)}, got {type(value).__name__}")
     missing = [k for k in keys if k not in value]
-    unknown = [k for k in value if k not in keys]
+    unknown = [k for k in value if k not in keys and k not in optional]
     if missing or unknown:
         raise ValueError(f"expected keys {list(keys)}: missing {missing}, unknown {unknown}")
     out: dict[str, Any] = {}
-    for key in keys:
+    for key in (*keys, *(k for k in optional if k in value)):
         try:
             out[key] = convert[key](value[key])
         except (TypeError, ValueError) as exc:
@@ -700,7 +711,8 @@ def _as_image_input(value: Any) -> dict[str, Any]:
 def _as_instruction_input(value: Any) -> dict[str, Any]:
     convert = dict.fromkeys(INSTRUCTION_INPUT_KEYS, _as_int)
     convert.update(name=_as_str, tokenizer_file=_as_str, tokenizer_sha256=_as_str)
-    return _as_spec(value, INSTRUCTION_INPUT_KEYS, convert)
+    convert["instructions"] = lambda v: [_as_str(x) for x in _as_list(v)]
+    return _as_spec(value, INSTRUCTION_INPUT_KEYS, convert, INSTRUCTION_INPUT_OPTIONAL)
 
 
 def _as_action_chunk(value: Any) -> dict[str, int]:

@@ -155,6 +155,12 @@ class OnnxVLAPolicy:
         return self._instruction
 
     @property
+    def trained_instructions(self) -> list[str]:
+        """The sentences the task trained with, as the export recorded them ([]: not
+        recorded; any sentence of known words tokenizes)."""
+        return list(self.metadata.instruction_input.get("instructions", []))
+
+    @property
     def needs_observation(self) -> bool:
         """Whether the next :meth:`next_action` runs the network (and needs an image)."""
         return self._next >= self._act_steps

@@ -416,6 +416,12 @@ def test_vla_metadata_validation_names_the_field(tokenizer_file):
     module = _policy().inference_module(steps=1)
     meta = vla_meta(module, tokenizer_file)
     assert from_props(to_props(meta)) == meta
+    # the optional list of trained sentences round-trips; files without it load
+    listed = dataclasses.replace(
+        meta, instruction_input={**meta.instruction_input, "instructions": ["reach it"]}
+    )
+    assert from_props(to_props(listed)) == listed
+    assert "instructions" not in meta.instruction_input
     for overrides, match in [
         (dict(flow_steps=None), "sim2real.flow_steps.*required for policy family 'vla_flow'"),
         (dict(image_input=dict(meta.image_input, channels=4)), "image_input.*channels must be 3"),
@@ -428,6 +434,14 @@ def test_vla_metadata_validation_names_the_field(tokenizer_file):
         (
             dict(instruction_input=dict(meta.instruction_input, tokenizer_sha256="abc")),
             "tokenizer_sha256 must be 64 lowercase hex digits",
+        ),
+        (
+            dict(instruction_input=dict(meta.instruction_input, instructions="reach it")),
+            "instruction_input.*key 'instructions'.*expected a list",
+        ),
+        (
+            dict(instruction_input=dict(meta.instruction_input, sentences=["reach it"])),
+            "instruction_input.*unknown \\['sentences'\\]",
         ),
         (dict(action_chunk={"horizon": 4, "act_steps": 5}), "act_steps must be in \\[1, horizon"),
         (dict(noise_shape=[3, 2]), "sim2real.noise_shape.*\\[horizon, joints\\] = \\[4, 2\\]"),

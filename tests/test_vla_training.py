@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from policies.vla import VLAConfig  # noqa: E402
-from sim.tasks.instructed_reach import parse_instruction  # noqa: E402
+from sim.tasks.instructed_reach import COLOURS, parse_instruction  # noqa: E402
 from training.cli import main  # noqa: E402
 from training.collect import collect_demos  # noqa: E402
 from training.config import ConfigError  # noqa: E402
@@ -145,6 +145,8 @@ def test_an_sft_run_exports_and_the_robot_runtime_drives_the_task(demos, tmp_pat
     meta = runtime.metadata
     assert meta.policy_family == "vla_flow" and meta.task == "instructed_reach"
     assert meta.image_input["height"] == SIZE and (run / "tokenizer.json").is_file()
+    # the task's sentences travel with the file (a robot's allow-list)
+    assert runtime.trained_instructions == [f"reach the {c} ball" for c in COLOURS]
 
     env = make("instructed_reach", 1, seed=3, image_size=SIZE)
     obs = env.reset()

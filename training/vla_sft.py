@@ -532,6 +532,7 @@ def export_vla_run(
             "vocab_size": module.backbone.vocab_size,
             "tokenizer_file": "tokenizer.json",
             "tokenizer_sha256": file_sha256(tokenizer),
+            "instructions": _task_instructions(task),
         },
         action_chunk={"horizon": m.head.horizon, "act_steps": m.head.act_steps},
         flow_steps=module.steps,

@@ -87,8 +87,9 @@ class VLAController:
             position targets, actuator units/s for torques; 0 or ``inf``: none).
         hold_last_on_fault: non-finite proprio/action -> hold the last command (else the
             safe command: zero torque, or the default pose).
-        instructions: the sentences the robot may be given (empty: any sentence whose
-            words the tokenizer knows); another one is refused, counted and logged.
+        instructions: the sentences the robot may be given; another one is refused,
+            counted and logged. Empty: the sentences the export recorded (the task's),
+            or, for a file without them, any sentence whose words the tokenizer knows.
         instruction: the first instruction ("" : none until one arrives).
         intra_op_threads, seed, deterministic: of :class:`OnnxVLAPolicy`.
 
@@ -135,7 +136,9 @@ class VLAController:
             )
         except ObservationError as exc:
             raise ConfigureError(f"policy {path}: {exc}") from None
-        self.instructions = [normalize_instruction(t) for t in instructions]
+        self.instructions = [
+            normalize_instruction(t) for t in (instructions or self.policy.trained_instructions)
+        ]
         self.joint_names = list(meta.action_joint_names)
         self.num_joints = len(self.joint_names)
         self.image_height, self.image_width = self.policy.image_shape[:2]

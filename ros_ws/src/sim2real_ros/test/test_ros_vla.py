@@ -101,6 +101,7 @@ def export_reach_vla(out_dir: Path, image_size: int) -> Path:
             "vocab_size": module.backbone.vocab_size,
             "tokenizer_file": "tokenizer.json",
             "tokenizer_sha256": file_sha256(tokenizer),
+            "instructions": all_instructions(),
         },
         action_chunk={"horizon": module.horizon, "act_steps": module.act_steps},
         flow_steps=module.steps,
@@ -180,6 +181,11 @@ def test_controller_instruction_image_and_torque_safety(vla_files):
     assert "purple" in c.set_instruction("reach the purple ball")
     assert "not one of" in c.set_instruction("reach the ball")
     assert c.instruction == "reach the blue ball" and c.counters["bad_instruction"] == 2
+    # no list given: the export's (the task's sentences) is the allow-list
+    d = VLAController(vla_files(64), ramp_in_s=0.0)
+    assert d.instructions == INSTRUCTIONS
+    assert "not one of" in d.set_instruction("reach the ball")
+    assert d.set_instruction("reach the yellow ball") == ""
     # a refused image leaves the last good one
     assert "encoding" in c.set_image(_image_msg(np.zeros((64, 64, 4), np.uint8), "rgba8"), 0.01)
     assert c.counters == {**c.counters, "images": 1, "bad_image": 1}
