@@ -77,6 +77,29 @@ def test_sft_loss_falls_and_evaluation_runs_on_both_splits(demos, tmp_path):
         assert 0.0 <= summary[f"eval/success_{split}"] <= 1.0
     assert (tmp_path / "r" / "tokenizer.json").is_file()
     assert (tmp_path / "r" / "checkpoints" / "latest.pt").is_file()
+    # the video of the held-out episodes carries the instruction on every frame
+    import imageio
+
+    frames = imageio.mimread(tmp_path / "r" / "policy.mp4")
+    assert len(frames) >= 10
+    for f in frames[:: max(1, len(frames) // 5)]:
+        band = f[:12]  # the caption band: dark, with white letters
+        assert (band < 40).mean() > 0.5 and (band > 200).any()
+        assert f[f.shape[0] // 2 :].mean() > 40  # the scene below it, not a blank frame
+
+
+def test_draw_caption_writes_only_the_band():
+    import numpy as np
+
+    from training.artifacts import draw_caption
+
+    frame = np.full((120, 160, 3), 128, np.uint8)
+    out = draw_caption(frame, "reach the red ball\nepisode 1")
+    assert out.shape == frame.shape and out.dtype == np.uint8
+    rows = np.nonzero((out != 128).any(axis=(1, 2)))[0]
+    assert rows.max() < 40  # two lines of text at the top of 120 rows
+    assert (out[rows.max() + 1 :] == 128).all()
+    assert (out[:40] > 200).any() and (out[:40] == 0).any()
 
 
 def test_resume_is_exact(demos, tmp_path):

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from deploy.files import atomic_write
@@ -33,6 +34,7 @@ __all__ = [
     "check_randomizable",
     "check_s2r",
     "control_steps",
+    "draw_caption",
     "evaluate_source",
     "finish_run",
     "record_video",
@@ -48,18 +50,44 @@ def control_steps(env: Any, seconds: float) -> int:
     return max(1, round(seconds * env.control_rate_hz))
 
 
+def draw_caption(frame: np.ndarray, text: str) -> np.ndarray:
+    """``frame`` (uint8 [H, W, 3]) with ``text`` written in white on a dark band along
+    its top edge, one band line per line of text."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    lines = text.splitlines() or [""]
+    size = max(10, frame.shape[0] // 24)
+    font = ImageFont.load_default(size=size)
+    image = Image.fromarray(np.ascontiguousarray(frame))
+    draw = ImageDraw.Draw(image)
+    band = (size + 4) * len(lines) + 4
+    draw.rectangle((0, 0, image.width, band), fill=(0, 0, 0))
+    for k, line in enumerate(lines):
+        draw.text((6, 4 + k * (size + 4)), line, fill=(255, 255, 255), font=font)
+    return np.asarray(image)
+
+
 class VideoWriter:
     """Env 0 of ``env`` rendered offscreen (MUJOCO_GL=egl without a display) into an MP4,
     frame by frame, so that a long video never sits in memory.
 
     Call :meth:`capture` once per control step: it renders every ``stride``-th call, for
     a video at the control rate up to ``fps`` (default 50), which plays in real time.
+    ``caption``: called for each frame; its text is written on the frame (e.g. the
+    instruction a language-conditioned policy was given).
     """
 
-    def __init__(self, env: Any, out: str | os.PathLike, fps: int | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        out: str | os.PathLike,
+        fps: int | None = None,
+        caption: Callable[[], str] | None = None,
+    ) -> None:
         import imageio
 
         self.env = env
+        self.caption = caption
         self.path = Path(out)
         self.fps = int(fps or round(min(env.control_rate_hz, MAX_VIDEO_FPS)))
         self.stride = max(1, int(round(env.control_rate_hz / self.fps)))
@@ -75,7 +103,10 @@ class VideoWriter:
         if self._writer is None:
             raise ValueError(f"video {self.path} is already closed")
         if self.steps % self.stride == 0:
-            self._writer.append_data(self.env.render(0, camera=self.camera))
+            frame = self.env.render(0, camera=self.camera)
+            if self.caption is not None:
+                frame = draw_caption(frame, self.caption())
+            self._writer.append_data(frame)
             self.frames += 1
         self.steps += 1
 

@@ -179,6 +179,9 @@ class VLARLConfig:
     """Episodes per split of each evaluation (0: none)."""
     eval_envs: int = 8
     """Envs stepping at once during evaluation."""
+    video: bool = True
+    """Record policy.mp4 in the run directory during the final evaluation: the held-out
+    split's first episodes, the instruction written on every frame."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True
@@ -655,8 +658,11 @@ class VLARLRunner:
         self.num_updates += 1
         return stats
 
-    def evaluate(self, episodes: int | None = None) -> dict[str, float]:
-        """Closed-loop success rates (deterministic chunks) on the train and eval splits."""
+    def evaluate(
+        self, episodes: int | None = None, video: str | os.PathLike | None = None
+    ) -> dict[str, float]:
+        """Closed-loop success rates (deterministic chunks) on the train and eval splits;
+        ``video``: an MP4 of the held-out split's first episodes with their instructions."""
         rc = self.cfg.rl
         n = rc.eval_episodes if episodes is None else episodes
         return {
@@ -668,6 +674,7 @@ class VLARLRunner:
                 num_envs=max(1, min(rc.eval_envs, n)),
                 seed=rc.seed + 12345,
                 task_args={"split": split, "image_size": self.model_cfg.image_size},
+                video=video if split == "eval" else None,
             )
             for split in ("train", "eval")
         }
@@ -698,7 +705,7 @@ class VLARLRunner:
             "stopped_early": stopped,
         }
         if not stopped and rc.eval_episodes:
-            summary.update(self.evaluate())
+            summary.update(self.evaluate(video=self.run_dir / "policy.mp4" if rc.video else None))
             self.logger.log(self.num_updates, {k: v for k, v in summary.items() if "/" in k})
         self.logger.close()
         return summary

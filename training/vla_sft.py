@@ -96,6 +96,9 @@ class VLASFTConfig:
     """Episodes per split of each evaluation."""
     eval_envs: int = 8
     """Envs stepping at once during evaluation."""
+    video: bool = True
+    """Record policy.mp4 in the run directory during the final evaluation: the held-out
+    split's first episodes, the instruction written on every frame."""
     progress: bool = True
     """Show a progress bar."""
     tensorboard: bool = True
@@ -293,8 +296,11 @@ class VLASFTRunner:
             "nonfinite_steps": float(self.guard.nonfinite_steps),
         }
 
-    def evaluate(self, episodes: int | None = None) -> dict[str, float]:
-        """Closed-loop success rates on the task's train and eval splits."""
+    def evaluate(
+        self, episodes: int | None = None, video: str | os.PathLike | None = None
+    ) -> dict[str, float]:
+        """Closed-loop success rates on the task's train and eval splits; ``video``: an
+        MP4 of the held-out split's first episodes with their instructions."""
         sc = self.cfg.sft
         n = episodes if episodes is not None else sc.eval_episodes
         out: dict[str, float] = {}
@@ -307,6 +313,7 @@ class VLASFTRunner:
                 num_envs=max(1, min(sc.eval_envs, n)),
                 seed=sc.seed + 12345,
                 task_args={"split": split, "image_size": self.cfg.model.image_size},
+                video=video if split == "eval" else None,
             )
         return out
 
@@ -340,7 +347,7 @@ class VLASFTRunner:
         stopped = train_loop(self.num_updates, total, step, self.save, sc.checkpoint_every)
         summary: dict[str, Any] = {"updates": self.num_updates, "stopped_early": stopped}
         if not stopped and sc.eval_episodes:
-            summary.update(self.evaluate())
+            summary.update(self.evaluate(video=self.run_dir / "policy.mp4" if sc.video else None))
             self.logger.log(self.num_updates, {k: v for k, v in summary.items() if "/" in k})
         self.logger.close()
         return summary
@@ -362,6 +369,8 @@ def evaluate_success(
     max_steps: int = 100_000,
     act_steps: int | None = None,
     wrong_instructions: bool = False,
+    video: str | os.PathLike | None = None,
+    video_episodes: int = 3,
 ) -> float:
     """Fraction of ``episodes`` that end by reaching the named target (terminated, not
     timed out), deterministic chunks (zero noise), ``act_steps`` of each executed (None:
@@ -370,6 +379,10 @@ def evaluate_success(
     ``wrong_instructions``: the policy is told, in each episode, to reach one of the
     *other* balls (the task's ``wrong_instructions``) while success still counts the
     named one: the language-grounding test.
+
+    ``video``: an MP4 of env 0's first ``video_episodes`` episodes, the instruction the
+    policy was given written on every frame (with the named one, when they differ) and
+    each episode's outcome.
     """
     from sim.registry import make
 
@@ -387,6 +400,19 @@ def evaluate_success(
     try:
         obs = env.reset()
         told = list(env.wrong_instructions(rng) if wrong_instructions else env.instructions)
+        recorder, episode0, outcomes = None, 0, []
+        if video is not None:
+            from training.artifacts import VideoWriter
+
+            def caption() -> str:
+                said = (
+                    told[0]
+                    if told[0] == env.instructions[0]
+                    else (f"{told[0]} (the task names: {env.instructions[0]})")
+                )
+                return f"{said}\nepisode {episode0 + 1}   " + " ".join(outcomes)
+
+            recorder = VideoWriter(env, video, caption=caption)
         chunk = torch.zeros(num_envs, cfg.head.horizon, policy.action_size)
         pos = np.full(num_envs, act_steps)  # every env plans at the first step
         done_count, successes, steps = 0, 0, 0
@@ -404,6 +430,8 @@ def evaluate_success(
                 chunk[mask] = new[mask].to(chunk.dtype)
                 pos[need] = 0
             action = chunk[torch.arange(num_envs), torch.as_tensor(pos)]
+            if recorder is not None:
+                recorder.capture()
             obs, _, terminated, truncated, info = env.step(action)
             pos += 1
             ended = (terminated | truncated).numpy()
@@ -417,8 +445,16 @@ def evaluate_success(
                 fresh = env.wrong_instructions(rng) if wrong_instructions else env.instructions
                 for i in np.nonzero(ended)[0]:
                     told[i] = fresh[i]
+                if recorder is not None and ended[0]:
+                    outcomes.append("success" if won[0] else "fail")
+                    episode0 += 1
+                    if episode0 >= video_episodes:
+                        recorder.close()
+                        recorder = None
             steps += 1
     finally:
+        if recorder is not None:
+            recorder.close()
         env.close()
         policy.train(was_training)
     return successes / max(done_count, 1)
