@@ -34,7 +34,6 @@ import collections
 import copy
 import math
 import sys
-import time
 from typing import Any
 
 import mujoco
@@ -49,6 +48,7 @@ from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float64MultiArray
 
 from sim2real_ros.node_runtime import set_realtime, spin
+from sim2real_ros.sim_clock import SimClock
 
 NODE_NAME = "sim_robot"
 
@@ -150,8 +150,7 @@ class SimRobotNode(Node):
         self._pending: collections.deque[tuple[float, np.ndarray]] = collections.deque()
         self.steps = 0
         self._fallen = False
-        self._t0 = time.monotonic()
-        self._wall0 = time.time()
+        self.clock = SimClock(self.dt, self.rtf, self.max_catchup)
         # one wake-up per sensor period (not per physics step: an rclpy timer callback
         # costs more than a physics step); each runs the physics steps that are due
         self.create_timer(self.sensor_every * self.dt / self.rtf, self._on_timer)
@@ -255,15 +254,11 @@ class SimRobotNode(Node):
 
     # ------------------------------------------------------------------ real time
     def _on_timer(self) -> None:
-        elapsed = (time.monotonic() - self._t0) * self.rtf
-        due = int(elapsed / self.dt) - self.steps
+        due, dropped = self.clock.due(self.steps)
+        if dropped:  # the simulation fell behind the wall clock by more than it may catch up
+            self.counters["overruns"] += 1
         if due <= 0:
             return
-        if due > self.max_catchup:
-            self.counters["overruns"] += 1
-            # drop what cannot be caught up: the simulation falls behind the wall clock
-            self._t0 += (due - self.max_catchup) * self.dt / self.rtf
-            due = self.max_catchup
         m, d = self.model, self.data
         publish = gt = False
         for _ in range(due):
@@ -284,10 +279,7 @@ class SimRobotNode(Node):
             self._publish_ground_truth()
 
     def _stamp(self) -> tuple[int, int]:
-        # the wall-clock instant this simulated state belongs to
-        t = self._wall0 + self.steps * self.dt / self.rtf
-        sec = int(t)
-        return sec, int((t - sec) * 1e9)
+        return self.clock.stamp(self.steps)
 
     def _publish_sensors(self) -> None:
         d = self.data
@@ -377,7 +369,7 @@ class SimRobotNode(Node):
         self._pose_pub.publish(ps)
 
     def _publish_diagnostics(self) -> None:
-        wall = time.monotonic() - self._t0
+        wall = self.clock.wall_elapsed()
         status = DiagnosticStatus()
         status.name = f"{self.get_name()}: simulated robot"
         status.hardware_id = self.task

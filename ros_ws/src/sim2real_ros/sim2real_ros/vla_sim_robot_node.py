@@ -44,6 +44,7 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from sim2real_ros.node_runtime import set_realtime, spin
+from sim2real_ros.sim_clock import SimClock
 
 NODE_NAME = "sim_vla_robot"
 
@@ -141,8 +142,7 @@ class VLASimRobotNode(Node):
             self._instruct(str(p("instruction")))
         self.steps = 0
         self._next_image = 0.0
-        self._t0 = time.monotonic()
-        self._wall0 = time.time()
+        self.clock = SimClock(self.control_dt, self.rtf, self.max_catchup)
         self.create_timer(self.control_dt / self.rtf, self._on_timer)
         self.create_timer(1.0, self._publish_diagnostics)
         problem = set_realtime(int(p("rt_priority")))
@@ -219,18 +219,11 @@ class VLASimRobotNode(Node):
     # ------------------------------------------------------------------ real time
     def _on_timer(self) -> None:
         now = time.monotonic()
-        elapsed = (now - self._t0) * self.rtf
-        due = int(elapsed / self.control_dt) - self.steps
+        due, dropped = self.clock.due(self.steps)
+        if dropped:
+            self.counters["overruns"] += 1
         if due <= 0:
             return
-        if due > self.max_catchup:
-            self.counters["overruns"] += 1
-            # drop what cannot be caught up; the stamps' wall clock moves with it, so
-            # that a stamp stays the instant its state was simulated for
-            dropped = (due - self.max_catchup) * self.control_dt / self.rtf
-            self._t0 += dropped
-            self._wall0 += dropped
-            due = self.max_catchup
         if now - self._t_cmd > self.command_timeout and self._raw.any():
             self.counters["command_timeout"] += 1
             self._raw.zero_()
@@ -247,9 +240,7 @@ class VLASimRobotNode(Node):
             )
 
     def _stamp(self) -> tuple[int, int]:
-        t = self._wall0 + self.steps * self.control_dt / self.rtf
-        sec = int(t)
-        return sec, int((t - sec) * 1e9)
+        return self.clock.stamp(self.steps)
 
     def _publish_state(self) -> None:
         sec, nsec = self._stamp()
@@ -278,7 +269,7 @@ class VLASimRobotNode(Node):
         self.counters["images"] += 1
 
     def _publish_diagnostics(self) -> None:
-        wall = time.monotonic() - self._t0
+        wall = self.clock.wall_elapsed()
         sim_time = self.steps * self.control_dt
         status = DiagnosticStatus()
         status.name = f"{self.get_name()}: simulated robot"

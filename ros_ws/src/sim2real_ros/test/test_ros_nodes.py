@@ -482,7 +482,6 @@ def test_closed_loop_walk_follows_forward_command(ros_setup, task):
 def test_simulated_robot_randomization_and_latency(monkeypatch):
     """randomize: the training's draws; extra latency: a command acts only after it."""
     import rclpy
-    from sim2real_ros import sim_robot_node
     from sim2real_ros.sim_robot_node import SimRobotNode
     from std_msgs.msg import Float64MultiArray
 
@@ -506,8 +505,8 @@ def test_simulated_robot_randomization_and_latency(monkeypatch):
             act = node._act
             ctrl_before = node.data.ctrl[act].copy()
 
-            clock = [node._t0 + node.steps * node.dt]  # the node's wall clock, faked
-            monkeypatch.setattr(sim_robot_node.time, "monotonic", lambda: clock[0])
+            clock = [node.clock.t0 + node.steps * node.dt]  # the node's wall clock, faked
+            monkeypatch.setattr(node.clock, "_monotonic", lambda: clock[0])
 
             def advance(seconds):  # run the real-time loop as if that much time passed
                 for _ in range(round(seconds / 0.004)):
