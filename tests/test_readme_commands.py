@@ -120,6 +120,22 @@ def made(tmp_path_factory) -> dict[str, Path]:
             + [f"{algo}.num_epochs=1", "run.total_steps=16"]
         )
         runs[f"{algo}-hopper"] = run
+    reach = root / "reach.hdf5"
+    _run(
+        ["collect", "expert", "--task", "instructed_reach", "--episodes", "2", "--out", str(reach)]
+    )
+    sft = root / "vla-sft"
+    _run(
+        ["train", "vla-sft", "--data", str(reach), "--steps", "2", "--run-dir", str(sft)]
+        + ["sft.progress=false", "sft.tensorboard=false", "sft.eval_episodes=0"]
+    )
+    rl = root / "vla-rl"
+    _run(
+        ["train", "vla-rl", "--init", str(sft), "--steps", "1", "--run-dir", str(rl)]
+        + ["rl.progress=false", "rl.tensorboard=false", "rl.eval_episodes=0", "rl.num_envs=2"]
+        + ["rl.group_size=2", "rl.max_episode_steps=4", "rl.max_sample_rounds=1"]
+    )
+    runs["vla-sft"], runs["vla-rl"] = sft, rl
     from training.grpo.tiny import build_tiny_model
 
     runs["hf_model"] = build_tiny_model(root / "model", chars="0123456789+=", seed=0)
@@ -173,6 +189,8 @@ def substitute(argv: list[str], made: dict[str, Path]) -> list[str]:
             if kind == "bc":  # the start of a fine-tuning run: the family it needs
                 kind = "bc-diffusion" if algo == "dppo" else "bc-flow"
                 key = kind
+            elif kind == "vla":  # runs/vla-sft-..., runs/vla-rl-...
+                key = f"vla-{task}"
             else:
                 key = f"{kind}-{task}"
             word = word.replace(m.group(0), str(made[key]))
