@@ -89,8 +89,10 @@ def flow_bc(task: str, demos: str, seed: int, out: Path, updates: int, extra: li
 
 def fine_tune(
     task: str, method: str, init: str | None, seed: int, out: Path, budget: int, evals: int,
-    extra: list[str],
+    extra: list[str], name: str | None = None,
 ) -> dict:  # fmt: skip
+    """`method`: the learner (reinflow | fpo); `name`: the run's directory and cache key
+    (fpo_scratch is FPO without `init`), default `method`."""
     from training.policy_kinds import finetune_config_from
     from training.runner import OnPolicyRunner
     from training.train_configs import FPOTrainConfig, ReinFlowTrainConfig, build_fpo_config
@@ -103,7 +105,7 @@ def fine_tune(
     else:
         cls = ReinFlowTrainConfig if method == "reinflow" else FPOTrainConfig
         cfg = finetune_config_from(cls, init, task, over)
-    runner = OnPolicyRunner(cfg, out / task / f"{method}-s{seed}")
+    runner = OnPolicyRunner(cfg, out / task / f"{name or method}-s{seed}")
     t0 = time.perf_counter()
     trained = dppo_bench._train_with_evals(
         runner, budget, evals, lambda p: _eval_flow(p, cfg, seed)
@@ -178,7 +180,9 @@ def main() -> None:
                     fbc = cache.get(f"{task}/fbc/s{seed}")
                     init = None if method == "fpo_scratch" else fbc["run_dir"]
                     kind = "fpo" if method.startswith("fpo") else "reinflow"
-                    r = fine_tune(task, kind, init, seed, out, a.budget, a.evals, a.flow_extra)
+                    r = fine_tune(
+                        task, kind, init, seed, out, a.budget, a.evals, a.flow_extra, method
+                    )
                 cache.put(k, r)
                 print(
                     f"[{task} s{seed}] {method}: return {r['return']:.0f} ({r['wall_s']:.0f} s)",
