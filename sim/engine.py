@@ -13,7 +13,6 @@ import os
 import mujoco
 import numba
 import numpy as np
-from mujoco import batch as mjbatch
 
 from sim import native
 
@@ -49,6 +48,11 @@ class BatchEngine:
         self.model = model
         self.num_envs = num_envs
         self.nthread = nthread or default_threads()
+        # imported here, not at module level: mujoco.batch is MuJoCo 4's, and `sim` also
+        # serves the venvs of frameworks that pin MuJoCo 3 (mjlab) through sim.external
+        from mujoco import batch as mjbatch
+
+        self._simulation_error = mjbatch.SimulationError
         self._b = mjbatch.Batch(model, nsim=num_envs, nthread=self.nthread)
         self._ctrl = self._b.bind("ctrl")
         # Batch.bind rebuilds its view on every call (~15 us, five or more per env step);
@@ -91,7 +95,7 @@ class BatchEngine:
         self._ctrl[...] = ctrl
         try:
             self._b.step(nstep=nsub)
-        except mjbatch.SimulationError as e:
+        except self._simulation_error as e:
             raise SimulationFailure(e.ids, str(e)) from e
 
     def reset(self, ids: np.ndarray) -> None:

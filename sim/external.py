@@ -33,7 +33,7 @@ What the interface does not carry, and what the adapter does about it:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -77,7 +77,14 @@ class RslRlStyleEnv:
         dt: float | None = None,
         action_clip: float = 100.0,
         device: str | torch.device | None = None,
+        group_names: Mapping[str, str] | None = None,
+        obs_terms: Mapping[str, Sequence[tuple[str, int]]] | None = None,
+        render: Callable[[], np.ndarray] | None = None,
     ):
+        """`group_names` maps our groups to the env's (mjlab 1.6 calls the policy's group
+        "actor"); `obs_terms` names the terms of each group in order, with their sizes
+        (what the exported metadata shows a robot integrator), where the env knows them;
+        `render` returns an RGB frame of env 0 (videos of runs), where the env can."""
         for attr in ("num_envs", "num_actions", "max_episode_length", "get_observations", "step"):
             if not hasattr(env, attr):
                 raise TypeError(
@@ -88,6 +95,14 @@ class RslRlStyleEnv:
             raise ValueError(f"{name}: action_clip must be a number > 0, got {action_clip!r}")
         self.env = env
         self.name = name
+        self._render = render
+        self._group_names = {g: g for g in _GROUPS}
+        for ours, theirs in (group_names or {}).items():
+            if ours not in _GROUPS:
+                raise ValueError(
+                    f"{name}: group_names maps {ours!r}; our groups are {', '.join(_GROUPS)}"
+                )
+            self._group_names[ours] = theirs
         self.num_envs = int(env.num_envs)
         self.device = torch.device(device if device is not None else env.device)
         self.dtype = torch.float32
@@ -105,10 +120,7 @@ class RslRlStyleEnv:
         self.backend = "external"
         obs = self._obs(env.get_observations())
         self.observation_spec = ObservationSpec(
-            {
-                g: ObsGroup((ObsTerm(g, int(t.shape[1])),))
-                for g, t in obs.items()
-            }
+            {g: ObsGroup(_terms(name, g, int(t.shape[1]), obs_terms)) for g, t in obs.items()}
         )
         a = int(env.num_actions)
         bound = np.full(a, float(action_clip))
@@ -127,17 +139,30 @@ class RslRlStyleEnv:
     def robot(self) -> RobotDescription:
         return self._robot
 
+    @property
+    def control_rate_hz(self) -> float:
+        return 1.0 / self.dt
+
+    def render(self, i: int = 0, camera: int = -1) -> np.ndarray:
+        """An RGB frame of env 0, from the framework's own renderer and camera."""
+        if self._render is None:
+            raise NotImplementedError(f"{self.name}: this env gives no rendering hook")
+        if i != 0:
+            raise ValueError(f"{self.name}: only env 0 renders, got env {i}")
+        return np.asarray(self._render())
+
     def _obs(self, td: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if "policy" not in td.keys():
+        policy = self._group_names["policy"]
+        if policy not in td.keys():
             raise ValueError(
-                f"{self.name}: the env's observations have no 'policy' group "
-                f"(groups: {sorted(td.keys())})"
+                f"{self.name}: the env's observations have no {policy!r} group for the "
+                f"policy (groups: {sorted(td.keys())})"
             )
         out = {}
         for g in _GROUPS:
-            if g not in td.keys():
+            if self._group_names[g] not in td.keys():
                 continue
-            t = td[g]
+            t = td[self._group_names[g]]
             if t.ndim != 2 or t.shape[0] != self.num_envs:
                 raise ValueError(
                     f"{self.name}: observation group {g!r} must be (num_envs, size) = "
@@ -218,6 +243,20 @@ class RslRlStyleEnv:
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+
+def _terms(
+    name: str, group: str, size: int, obs_terms: Mapping[str, Sequence[tuple[str, int]]] | None
+) -> tuple[ObsTerm, ...]:
+    if not obs_terms or group not in obs_terms:
+        return (ObsTerm(group, size),)
+    terms = tuple(ObsTerm(str(n), int(k)) for n, k in obs_terms[group])
+    if sum(t.size for t in terms) != size:
+        raise ValueError(
+            f"{name}: the terms of group {group!r} add up to "
+            f"{sum(t.size for t in terms)} values, the env's observation has {size}"
+        )
+    return terms
 
 
 def _torque_robot(num_actions: int, dt: float) -> RobotDescription:

@@ -257,3 +257,41 @@ def test_a_run_on_an_external_env_resumes_with_its_episodes_started_anew(tmp_pat
         assert summary["env_steps"] == 320 and summary["iterations"] == 4
     finally:
         again.close()
+
+
+class ActorGroup(IsaacLike):
+    """mjlab 1.6's naming: the policy's group is "actor"."""
+
+    def get_observations(self):
+        td = super().get_observations()
+        return TensorDict(
+            {"actor": td["policy"], "critic": td["critic"]}, batch_size=[self.num_envs]
+        )
+
+
+def test_group_names_and_observation_terms_map_another_frameworks_groups():
+    env = RslRlStyleEnv(
+        ActorGroup(3, seed=0),
+        "x:Actor",
+        group_names={"policy": "actor"},
+        obs_terms={"policy": [("pos_x", 1), ("pos_y", 1)], "critic": [("pos", 2), ("dist", 1)]},
+        render=lambda: np.full((4, 5, 3), 7, np.uint8),
+    )
+    obs = env.reset()
+    torch.testing.assert_close(obs["policy"], env.env.pos)
+    assert [t.name for t in env.observation_spec["policy"].terms] == ["pos_x", "pos_y"]
+    assert env.observation_spec["critic"].size == 3
+    assert env.render().shape == (4, 5, 3) and env.control_rate_hz == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="only env 0 renders"):
+        env.render(1)
+    with pytest.raises(NotImplementedError, match="no rendering hook"):
+        RslRlStyleEnv(IsaacLike(2), "x:P").render()
+    # without the mapping the policy's group is missing, and the error says which it has
+    with pytest.raises(ValueError, match=r"no 'policy' group .*\['actor', 'critic'\]"):
+        RslRlStyleEnv(ActorGroup(2), "x:Actor")
+    with pytest.raises(ValueError, match="our groups are policy, critic"):
+        RslRlStyleEnv(ActorGroup(2), "x:Actor", group_names={"actor": "policy"})
+    with pytest.raises(ValueError, match="add up to 3 values, the env's observation has 2"):
+        RslRlStyleEnv(
+            ActorGroup(2), "x:A", group_names={"policy": "actor"}, obs_terms={"policy": [("p", 3)]}
+        )

@@ -91,7 +91,10 @@ class VideoWriter:
         self.path = Path(out)
         self.fps = int(fps or round(min(env.control_rate_hz, MAX_VIDEO_FPS)))
         self.stride = max(1, int(round(env.control_rate_hz / self.fps)))
-        self.camera = 0 if env.model.ncam > 0 else -1  # gym models track with camera 0
+        # gym models track with camera 0; envs of other frameworks (sim.external) have no
+        # MuJoCo model of ours and render from their own camera
+        model = getattr(env, "model", None)
+        self.camera = 0 if model is not None and model.ncam > 0 else -1
         self.frames = 0
         self.steps = 0
         """Control steps seen by :meth:`capture`."""

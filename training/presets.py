@@ -119,6 +119,21 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
+# mjlab's velocity tasks (sim/mjlab_env.py, in .venv-mjlab) with mjlab's own rsl_rl
+# settings (mjlab 1.6 `load_rl_cfg`: 512-256-128 ELU actor and critic, std 1, 24 steps,
+# 5 x 4 minibatches, adaptive rate from 1e-3, entropy 0.01), so that our PPO and mjlab's
+# runner train the same thing; mjlab's default of 4096 envs is a GPU's, 256 here
+_MJLAB_VELOCITY: dict[str, Any] = {
+    **_LEGGED,
+    "policy.actor_hidden": (512, 256, 128),
+    "policy.critic_hidden": (512, 256, 128),
+    "policy.init_std": 1.0,
+    "ppo.schedule": "adaptive",
+}
+for _robot in ("Unitree-Go1", "Unitree-G1"):
+    for _ground in ("Flat", "Rough"):
+        PPO_PRESETS[f"mjlab:Velocity-{_ground}-{_robot}"] = _MJLAB_VELOCITY
+
 # DPPO fine-tuning, on top of DPPOConfig's defaults (training.algorithms.dppo) and under
 # the user's overrides. halfcheetah fine-tunes with twice the default clip range (0.02 at
 # the noisiest fine-tuned step -> 0.2 at the last): 1M steps from the benchmark's BC

@@ -1,0 +1,145 @@
+"""Checks of mjlab's tasks behind our contract, run in .venv-mjlab by tests/test_sim_mjlab.py
+(mjlab pins MuJoCo 3.11, so they cannot run in the main venv's pytest).
+
+    .venv-mjlab/bin/python tests/mjlab_checks.py OUT_DIR
+
+Measures, and writes as JSON into OUT_DIR/checks.json for the test to assert on:
+- the adapter changes nothing: our env and mjlab's own rsl_rl wrapper, same seed and
+  actions, give the same observations, rewards and episode ends;
+- the robot description and observation terms read from mjlab;
+- PPO trains through our runner (from mjlab's rsl_rl settings), saves, resumes, exports;
+- the ONNX file's metadata, its parity with the torch policy, and sim2sim's return of the
+  file against the checkpoint's evaluation on the same seed;
+- a rendered frame.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TASK = "Velocity-Flat-Unitree-Go1"
+N, STEPS = 4, 30
+
+
+def adapter_matches_mjlab() -> dict:
+    from mjlab.envs import ManagerBasedRlEnv
+    from mjlab.rl import RslRlVecEnvWrapper
+    from mjlab.tasks.registry import load_env_cfg
+
+    import sim
+
+    actions = torch.randn(STEPS, N, 12, generator=torch.Generator().manual_seed(1)) * 0.5
+    ours = sim.make(f"mjlab:{TASK}", N, seed=3)
+    o = [ours.reset()["policy"].clone()]
+    r, ends = [], []
+    for a in actions:
+        obs, rew, term, trunc, _ = ours.step(a)
+        o.append(obs["policy"].clone())
+        r.append(rew.clone())
+        ends.append((term | trunc).clone())
+    frame = ours.render()
+    ours.close()
+
+    cfg = load_env_cfg("Mjlab-" + TASK)
+    cfg.scene.num_envs, cfg.seed = N, 3
+    theirs = RslRlVecEnvWrapper(ManagerBasedRlEnv(cfg=cfg, device="cpu"))
+    theirs.reset()
+    o2 = [theirs.get_observations()["actor"].clone()]
+    r2, ends2 = [], []
+    for a in actions:
+        obs, rew, done, _ = theirs.step(a)
+        o2.append(obs["actor"].clone())
+        r2.append(rew.clone())
+        ends2.append(done.bool().clone())
+    robot = theirs.unwrapped.scene["robot"].cfg.articulation.actuators
+    return {
+        "obs_max_diff": float((torch.stack(o) - torch.stack(o2)).abs().max()),
+        "reward_max_diff": float((torch.stack(r) - torch.stack(r2)).abs().max()),
+        "ends_equal": bool(torch.equal(torch.stack(ends), torch.stack(ends2))),
+        "reward_std": float(torch.stack(r).std()),
+        "frame_shape": list(frame.shape),
+        "frame_std": float(np.asarray(frame, dtype=np.float64).std()),
+        "actuators": [
+            {"expr": list(a.target_names_expr), "kp": a.stiffness, "kd": a.damping,
+             "effort": a.effort_limit}
+            for a in robot
+        ],  # fmt: skip
+    }
+
+
+def train_export_sim2sim(out: Path) -> dict:
+    from deploy.runtime import OnnxPolicy
+    from deploy.sim2sim import evaluate_onnx
+    from training.export import export_run
+    from training.policy_kinds import evaluate_policy, load_policy
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
+
+    quiet = ["run.progress=false", "run.tensorboard=false", "run.video=false", "run.seed=0"]
+    over = quiet + ["env.num_envs=4", "ppo.num_steps=24", "run.total_steps=192"]
+    task = f"mjlab:{TASK}"
+    cfg = build_ppo_config(task, over)
+    runner = OnPolicyRunner(cfg, out / "run")
+    runner.train()
+    runner.save()
+    weights = {k: v.clone() for k, v in runner.policy.state_dict().items()}
+    runner.close()
+    resumed = OnPolicyRunner(
+        build_ppo_config(task, over[:-1] + ["run.total_steps=384"]), out / "run", resume=out / "run"
+    )
+    loaded_equal = all(
+        torch.equal(v, weights[k]) for k, v in resumed.policy.state_dict().items()
+    )
+    start = resumed.env_steps
+    summary = resumed.train()
+    resumed.save()
+    resumed.close()
+    trained = load_policy(out / "run")
+    eval_ckpt = evaluate_policy(
+        trained.policy, trained.cfg, trained.kind.family, 2, seed=0, max_steps=50
+    )
+
+    onnx = export_run(out / "run", out / "policy.onnx")
+    policy = OnnxPolicy(str(onnx))
+    meta = policy.metadata
+    torch_policy = trained.policy
+    x = torch.randn(5, meta.obs_frame_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = torch_policy.act_inference({"policy": x, "critic": torch.zeros(5, 72)}).numpy()
+    got, _ = policy.act_batch(x.numpy())
+    eval_onnx = evaluate_onnx(onnx, episodes=2, seed=0, max_steps=50)
+    return {
+        "hidden": list(cfg.policy.actor_hidden),
+        "resume_loaded_equal": loaded_equal,
+        "resume_start": start,
+        "env_steps": summary["env_steps"],
+        "iterations": summary["iterations"],
+        "parity": float(np.abs(got - want).max()),
+        "meta": {
+            "task": meta.task,
+            "control_dt": meta.control_period_s,
+            "joint_names": list(meta.action_joint_names),
+            "kp": list(map(float, meta.kp)),
+            "action_scale": list(map(float, meta.action_scale)),
+            "obs_terms": [list(t) for t in meta.obs_terms],
+        },
+        "eval_checkpoint": eval_ckpt["return_mean"],
+        "eval_onnx": eval_onnx["return_mean"],
+    }
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"adapter": adapter_matches_mjlab(), "training": train_export_sim2sim(out)}
+    (out / "checks.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
