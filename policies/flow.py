@@ -370,8 +370,10 @@ class FlowPolicy(ChunkPolicy):
         x0: torch.Tensor,
         big: torch.Tensor,
         t: torch.Tensor,
+        target: FlowPolicy | None = None,
     ) -> torch.Tensor:
-        """Squared error [n, Tp, A] of v(x_t, t, 2h) against the two-half-step target."""
+        """Squared error [n, Tp, A] of v(x_t, t, 2h) against the two-half-step target,
+        taken by ``target``'s velocity network (default: this one's, without gradient)."""
         n = x1.shape[0]
         tt = t.view(n, 1, 1)
         xt = (1.0 - tt) * x0 + tt * x1
@@ -379,10 +381,11 @@ class FlowPolicy(ChunkPolicy):
         # half steps finer than the trained range ask for the instantaneous velocity
         fine = half < (1.0 / self.cfg.shortcut_max_steps) - 1e-9
         dq = torch.where(fine, torch.zeros_like(half), half)
+        teacher = self if target is None else target
         with torch.no_grad():
-            v1 = self.velocity(xt, t, dq, feat)
+            v1 = teacher.velocity(xt, t, dq, feat)
             x_mid = xt + half.view(n, 1, 1) * v1
-            v2 = self.velocity(x_mid, t + half, dq, feat)
+            v2 = teacher.velocity(x_mid, t + half, dq, feat)
             target = 0.5 * (v1 + v2)
         pred = self.velocity(xt, t, big, feat)
         return (pred - target).square()
@@ -416,17 +419,24 @@ class FlowPolicy(ChunkPolicy):
         obs: Mapping[str, torch.Tensor] | torch.Tensor,
         x1: torch.Tensor,
         generator: torch.Generator | None = None,
+        target: FlowPolicy | None = None,
     ) -> torch.Tensor:
         """The self-consistency term alone, on normalized chunks x1 [B, horizon, A] (e.g.
         a learner's own samples): keeps the few-step shortcut in step with the
-        instantaneous velocity that flow-matching fine-tuning (FPO) changes."""
+        instantaneous velocity that flow-matching fine-tuning (FPO) changes.
+
+        ``target``: a frozen copy whose velocities make the two-half-step targets. Without
+        the flow-matching regression that anchors them in behaviour cloning, targets taken
+        from the network being trained chase its own outputs: FPO from scratch on hopper
+        diverged so (consistency loss 3e-4 -> 0.1 -> 1.5e6 over two updates, then every
+        step non-finite) until the targets came from the rollout's parameters."""
         self._check_chunks(x1, "consistency_loss: x1")
         if not self.cfg.shortcut:
             return x1.new_zeros(())
         feat = self.obs_features(obs)
         x0 = self._randn(tuple(x1.shape), generator, x1)
         big, t = self._consistency_draws(x1.shape[0], generator, x1)
-        return self._consistency_error(feat, x1, x0, big, t).mean()
+        return self._consistency_error(feat, x1, x0, big, t, target).mean()
 
     def cfm_loss(
         self,

@@ -27,7 +27,9 @@ flow-matching losses, estimated with the same draws under both parameters::
   keeps its own advantage sign inside the clip.
 - Shortcut models: the ratio moves the instantaneous velocity (d = 0); a few-step
   shortcut sampler follows only through the self-consistency term on the rollout's
-  own chunks (``consistency_coef``), which chains every step size back to d = 0.
+  own chunks (``consistency_coef``), which chains every step size back to d = 0. Its
+  targets come from a frozen copy of the rollout's parameters: taken from the network
+  being trained, they chased its outputs and FPO from scratch diverged.
 - Critic on observations, GAE with time-out bootstrap, value loss and the guarded step
   as DPPO; the loss is the core's ``policy_loss`` with ``log_ratio``.
 
@@ -38,6 +40,7 @@ rollouts (:class:`training.algorithms.chunks.ChunkLearner`).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -113,6 +116,7 @@ class FPO(ChunkLearner):
         self.tau = torch.zeros(cap, n, **z)
         self.eps = torch.zeros(cap, n, self.horizon, self.action_size, **z)
         self.loss_old = torch.zeros(cap, n, **z)
+        self._teacher: FlowPolicy | None = None  # set for the length of an update
         # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
         return FineTuning(actor_params, 0, cfg.update_obs_normalizer)
 
@@ -148,6 +152,17 @@ class FPO(ChunkLearner):
         )
         return (self.loss_old[cb] - new).mean(-1), new
 
+    def update(self) -> dict[str, float]:
+        # the self-consistency targets come from the rollout's parameters, frozen for the
+        # update (FlowPolicy.consistency_loss says why)
+        self._teacher = None
+        if self.cfg.consistency_coef > 0 and self.policy.cfg.shortcut:
+            self._teacher = copy.deepcopy(self.policy).requires_grad_(False)
+        try:
+            return super().update()
+        finally:
+            self._teacher = None
+
     def _loss(self, mb: ChunkMinibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, st, cb = self.cfg, self.storage, mb.chunks
         log_ratio, new = self.chunk_log_ratio(cb)
@@ -166,7 +181,7 @@ class FPO(ChunkLearner):
         sc = torch.zeros((), device=self.device)
         if cfg.consistency_coef > 0 and self.policy.cfg.shortcut:
             sc = self.policy.consistency_loss(
-                st.chunk_obs[cb], st.chunk_chain[cb, 0], generator=self.generator
+                st.chunk_obs[cb], st.chunk_chain[cb, 0], self.generator, self._teacher
             )
             loss = loss + cfg.consistency_coef * sc
         cfm = new.detach().mean()
