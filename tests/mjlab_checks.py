@@ -133,10 +133,28 @@ def train_export_sim2sim(out: Path) -> dict:
     }
 
 
+def cli_resolves_the_documented_command() -> dict:
+    """README's `.venv-mjlab/bin/sim2real train ppo --task mjlab:...`, resolved through
+    the CLI with --print-config (the preset and the entry point; training is above)."""
+    import contextlib
+    import io
+
+    from training.cli import main as cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli(["train", "ppo", "--task", f"mjlab:{TASK}", "--print-config"])
+    return {"rc": rc, "printed_actor_hidden": "512" in buf.getvalue()}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    result = {"adapter": adapter_matches_mjlab(), "training": train_export_sim2sim(out)}
+    result = {
+        "adapter": adapter_matches_mjlab(),
+        "training": train_export_sim2sim(out),
+        "cli": cli_resolves_the_documented_command(),
+    }
     (out / "checks.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 

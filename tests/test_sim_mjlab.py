@@ -70,6 +70,7 @@ def test_ppo_trains_mjlabs_task_with_mjlabs_settings_and_resumes(checks):
     assert t["hidden"] == [512, 256, 128]  # the preset mirrors mjlab's rsl_rl config
     assert t["resume_loaded_equal"] and t["resume_start"] == 192
     assert t["env_steps"] == 384 and t["iterations"] == 4
+    assert checks["cli"] == {"rc": 0, "printed_actor_hidden": True}
 
 
 def test_mjlab_tasks_outside_their_venv_are_a_clear_error():
@@ -95,3 +96,10 @@ def _importable(name: str) -> bool:
     from importlib.util import find_spec
 
     return find_spec(name) is not None
+
+
+def test_the_default_run_directory_of_an_external_task_has_no_colon():
+    from training.cli import default_run_dir
+
+    name = default_run_dir("mjlab:Velocity-Flat-Unitree-Go1", "ppo").name
+    assert name.startswith("ppo-mjlab-Velocity-Flat-Unitree-Go1-") and ":" not in name

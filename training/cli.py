@@ -92,7 +92,10 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def default_run_dir(task: str, algo: str) -> Path:
-    return Path("runs") / f"{algo}-{task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # an external task's "prefix:Name" without its colon, which scp, rsync and
+    # TensorBoard's --logdir_spec read as a separator
+    name = task.replace(":", "-")
+    return Path("runs") / f"{algo}-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 # ---------------------------------------------------------------------- train
