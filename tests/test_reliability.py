@@ -248,3 +248,58 @@ def test_the_python_api_renders_offscreen_without_being_told(tmp_path):
     code = "import os, sim; print(os.environ['MUJOCO_GL'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "egl", out.stderr[-500:]
+
+
+# ---------------------------------------------------------------------- diverged runs
+def _nan_rewards_from(runner, iteration: int) -> None:
+    """From ``iteration`` on, every reward the learner sees is NaN (a diverged task)."""
+    step = runner.env.step
+
+    def poisoned(actions):
+        obs, r, te, tr, info = step(actions)
+        if runner.iteration >= iteration:
+            r = r * float("nan")
+        return obs, r, te, tr, info
+
+    runner.env.step = poisoned
+
+
+def test_a_run_whose_updates_are_all_skipped_stops_naming_where_it_began(tmp_path, capsys):
+    from training.run_control import TrainingDiverged
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
+
+    over = QUIET + TINY + ["run.total_steps=640", "run.max_stalled_updates=3", "run.seed=0"]
+    runner = OnPolicyRunner(build_ppo_config("cartpole", over), tmp_path / "r")
+    _nan_rewards_from(runner, 2)
+    with pytest.raises(TrainingDiverged, match=r"last 3 updates took no step.*since iteration 3 "):
+        runner.train()
+    # stopped after 2 good and 3 skipped updates of 20, its last good weights saved
+    assert runner.iteration == 5
+    ck = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert ck["iteration"] == 5
+    saved = ck["policy"]
+    for k, v in runner.policy.state_dict().items():
+        assert torch.equal(saved[k], v)
+
+    # 0 trains on regardless, to the budget
+    over[-2] = "run.max_stalled_updates=0"
+    runner = OnPolicyRunner(build_ppo_config("cartpole", over), tmp_path / "r0")
+    _nan_rewards_from(runner, 2)
+    assert runner.train()["iterations"] == 20
+
+
+def test_the_cli_reports_a_diverged_run_and_exits_nonzero(tmp_path, monkeypatch, capsys):
+    import training.runner as runner_module
+
+    real = runner_module.OnPolicyRunner.__init__
+
+    def init(self, *a, **kw):
+        real(self, *a, **kw)
+        _nan_rewards_from(self, 0)
+
+    monkeypatch.setattr(runner_module.OnPolicyRunner, "__init__", init)
+    rc = _train(tmp_path / "d", 640, "run.max_stalled_updates=2")
+    assert rc == 3
+    err = capsys.readouterr().err
+    assert "diverged and stopped" in err and "max_stalled_updates=0" in err

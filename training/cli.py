@@ -994,12 +994,16 @@ def main(argv: list[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace, list[str]], int] = args.handler
     from training.checkpoint import CheckpointError
     from training.config import ConfigError
+    from training.run_control import TrainingDiverged
 
     try:
         return handler(args, rest)
     except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as e:
         print(f"sim2real {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except TrainingDiverged as e:
+        print(f"sim2real {args.command}: {e}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -92,3 +92,54 @@ def train_loop(
             if stop and not last:
                 return True
     return False
+
+
+class TrainingDiverged(RuntimeError):
+    """A run whose updates have all been skipped as non-finite for too long: it learns
+    nothing more, so it stops (its checkpoint keeps the last good weights)."""
+
+
+class StallWatch:
+    """Counts consecutive updates that took no optimizer step because every step (or the
+    whole batch) was non-finite (training.core.guard skips them and never rolls back).
+
+    A diverged run otherwise spins to its budget doing nothing: FPO from scratch on
+    hopper once skipped every step for 230 iterations after its consistency term blew
+    up. ``limit`` consecutive stalled updates raise :class:`TrainingDiverged` (0: never).
+    """
+
+    def __init__(self, limit: int, name: str) -> None:
+        self.limit = int(limit)
+        self.name = name
+        self.stalled = 0
+        self.first: tuple[int, int] | None = None  # (iteration, env step) of the stall
+        self._skipped: float | None = None
+
+    def observe(self, stats: dict[str, float], iteration: int, env_steps: int) -> None:
+        """After an update: ``stats`` with the learner's ``minibatch_steps`` and its
+        cumulative ``nonfinite_steps`` (learners without them are not watched)."""
+        steps, skipped = stats.get("minibatch_steps"), stats.get("nonfinite_steps")
+        if steps is None or skipped is None:
+            return
+        grew = self._skipped is None or skipped > self._skipped
+        self._skipped = skipped
+        if steps == 0 and grew:
+            if self.stalled == 0:
+                self.first = (iteration, env_steps)
+            self.stalled += 1
+        else:
+            self.stalled, self.first = 0, None
+
+    @property
+    def diverged(self) -> bool:
+        return self.limit > 0 and self.stalled >= self.limit
+
+    def error(self, checkpoint: Path) -> TrainingDiverged:
+        it, steps = self.first or (0, 0)
+        return TrainingDiverged(
+            f"{self.name}: the last {self.stalled} updates took no step, every step or "
+            f"batch non-finite since iteration {it} (env step {steps}): the run has "
+            f"diverged and stopped. {checkpoint} holds the weights of the last good step; "
+            "resume from an earlier checkpoint (checkpoints/iter_*.pt) with a lower rate, "
+            "or set run.max_stalled_updates=0 to train on regardless"
+        )

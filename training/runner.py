@@ -38,7 +38,7 @@ from training.policy_kinds import (
     evaluate_policy,
     make_env,
 )
-from training.run_control import code_version, train_loop
+from training.run_control import StallWatch, code_version, train_loop
 from training.run_dir import prepare_run_dir
 
 __all__ = ["OnPolicyRunner", "parameters_vector", "run_payload"]
@@ -110,6 +110,7 @@ class OnPolicyRunner:
                     dist.broadcast(t, src=0)
         self.policy.train()
         self.section = getattr(cfg, self.learner.section)
+        self.stall = StallWatch(cfg.run.max_stalled_updates, self.learner.name)
         # constraints as terminations: on with constraints.enabled; the violations of a task
         # that declares constraints are logged either way
         constraints = getattr(cfg, "constraints", None) or ConstraintsConfig()
@@ -298,6 +299,7 @@ class OnPolicyRunner:
         t2 = time.perf_counter()
         self.iteration += 1
         self.env_steps += self.steps_per_iteration
+        self.stall.observe(stats, self.iteration, self.env_steps)  # as the log counts them
         ret = self.logger.mean_return
         fps = self.steps_per_iteration / (t2 - t0)
         row: dict[str, Any] = {
@@ -317,6 +319,9 @@ class OnPolicyRunner:
             self.eval_history.append({"env_steps": self.env_steps, "return": ev["return_mean"]})
         self.logger.log(self.env_steps, row)
         self.logger.advance(self.steps_per_iteration, ret=f"{ret:.1f}", sps=f"{fps:,.0f}")
+        if self.stall.diverged:
+            self.logger.close()
+            raise self.stall.error(self.save())
         return self.iteration
 
     def train(self) -> dict[str, Any]:

@@ -181,11 +181,15 @@ class RunConfig(RunOutputConfig):
     """Torch threads on the CPU (0: torch's default). The simulator runs its own thread
     pool, and small networks gain nothing from more threads but lose a lot when cores
     are contended."""
+    max_stalled_updates: int = 20
+    """Stop the run (checkpoint saved, error naming where it began) after this many
+    consecutive updates in which every optimizer step was skipped as non-finite: a
+    diverged run learns nothing more. 0: train on regardless."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check = FieldChecks(self)
-        check.ints("torch_threads", "eval_every", low=0)
+        check.ints("torch_threads", "eval_every", "max_stalled_updates", low=0)
         check.ints("total_steps", "checkpoint_every")
 
 
