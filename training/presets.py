@@ -134,6 +134,25 @@ for _robot in ("Unitree-Go1", "Unitree-G1"):
     for _ground in ("Flat", "Rough"):
         PPO_PRESETS[f"mjlab:Velocity-{_ground}-{_robot}"] = _MJLAB_VELOCITY
 
+# Isaac Lab's cartpole (sim/isaac_env.py, in .venv-isaac) with Isaac Lab's rsl_rl settings
+# (isaaclab_tasks' CartpolePPORunnerCfg: 32-32 ELU, no observation normalization, std 1,
+# 16 steps, 5 x 4 minibatches, adaptive rate from 1e-3, entropy 0.005), at 64 envs
+_ISAAC_CARTPOLE: dict[str, Any] = {
+    "env.num_envs": 64,
+    "ppo.num_steps": 16,
+    "ppo.num_epochs": 5,
+    "ppo.num_minibatches": 4,
+    "ppo.lr": 1e-3,
+    "ppo.schedule": "adaptive",
+    "ppo.entropy_coef": 0.005,
+    "policy.actor_hidden": (32, 32),
+    "policy.critic_hidden": (32, 32),
+    "policy.init_std": 1.0,
+    "policy.normalize_obs": False,
+    "run.total_steps": 150 * 64 * 16,
+}
+PPO_PRESETS["isaac:Isaac-Cartpole"] = _ISAAC_CARTPOLE
+
 # DPPO fine-tuning, on top of DPPOConfig's defaults (training.algorithms.dppo) and under
 # the user's overrides. halfcheetah fine-tunes with twice the default clip range (0.02 at
 # the noisiest fine-tuned step -> 0.2 at the last): 1M steps from the benchmark's BC
