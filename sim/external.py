@@ -42,7 +42,15 @@ import torch
 from sim.randomization import SimToRealConfig
 from sim.spec import ActionSpec, ObservationSpec, ObsGroup, ObsTerm, RobotDescription
 
-__all__ = ["RslRlStyleEnv", "RslRlStyle", "register_external", "external_prefixes", "make_external"]
+__all__ = [
+    "RslRlStyle",
+    "RslRlStyleEnv",
+    "external_prefixes",
+    "framework_task_id",
+    "make_external",
+    "manager_observation_terms",
+    "register_external",
+]
 
 
 class RslRlStyle(Protocol):
@@ -257,6 +265,32 @@ def _terms(
             f"{sum(t.size for t in terms)} values, the env's observation has {size}"
         )
     return terms
+
+
+def framework_task_id(name: str, known: Sequence[str], prefix: str, framework: str) -> str:
+    """The framework's id for `name`, which may leave out the framework's `prefix`
+    ("Mjlab-", "Isaac-"); an unknown name is an error listing the known ones."""
+    for candidate in (name, prefix + name):
+        if candidate in known:
+            return candidate
+    short = ", ".join(sorted(k.removeprefix(prefix) for k in known))
+    raise ValueError(f"{framework} has no task {name!r}; its tasks: {short}")
+
+
+def manager_observation_terms(
+    manager: Any, group_names: Mapping[str, str]
+) -> dict[str, list[tuple[str, int]]]:
+    """Our group -> [(term, size)] from an observation manager of Isaac Lab's design
+    (Isaac Lab's and mjlab's: `active_terms` and `group_obs_term_dim` per group);
+    `group_names` maps our groups to the framework's."""
+    ours = {theirs: our for our, theirs in group_names.items()}
+    out = {}
+    for group, names in manager.active_terms.items():
+        if group not in ours:
+            continue
+        dims = manager.group_obs_term_dim[group]
+        out[ours[group]] = [(n, int(np.prod(d))) for n, d in zip(names, dims, strict=True)]
+    return out
 
 
 def _torque_robot(num_actions: int, dt: float) -> RobotDescription:

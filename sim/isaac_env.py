@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.external import RslRlStyleEnv
+from sim.external import RslRlStyleEnv, framework_task_id, manager_observation_terms
 from sim.spec import RobotDescription
 
 __all__ = ["isaac_task_id", "make_isaac_env", "observation_terms", "robot_description"]
@@ -93,11 +93,7 @@ def _missing(e: ImportError) -> ImportError:
 
 def isaac_task_id(name: str, known: Sequence[str]) -> str:
     """Isaac Lab's id for `name`, which may leave out the "Isaac-" prefix."""
-    for candidate in (name, PREFIX + name):
-        if candidate in known:
-            return candidate
-    short = ", ".join(sorted(k.removeprefix(PREFIX) for k in known))
-    raise ValueError(f"Isaac Lab has no task {name!r}; its tasks: {short}")
+    return framework_task_id(name, known, PREFIX, "Isaac Lab")
 
 
 def _wrapper_class(base: type) -> type:
@@ -196,15 +192,7 @@ class _Closing:
 
 def observation_terms(env: Any) -> dict[str, list[tuple[str, int]]]:
     """Our group -> [(term, size)] from Isaac Lab's observation manager."""
-    manager = env.observation_manager
-    ours = {theirs: our for our, theirs in GROUP_NAMES.items()}
-    out = {}
-    for group, names in manager.active_terms.items():
-        if group not in ours:
-            continue
-        dims = manager.group_obs_term_dim[group]
-        out[ours[group]] = [(n, int(np.prod(d))) for n, d in zip(names, dims, strict=True)]
-    return out
+    return manager_observation_terms(env.observation_manager, GROUP_NAMES)
 
 
 def _array(x: Any) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sim.external import RslRlStyleEnv
+from sim.external import RslRlStyleEnv, framework_task_id, manager_observation_terms
 from sim.spec import RobotDescription
 
 __all__ = ["make_mjlab_env", "mjlab_task_id"]
@@ -51,11 +51,7 @@ def _import_mjlab():
 
 def mjlab_task_id(name: str, known: list[str]) -> str:
     """mjlab's id for `name`, which may leave out the "Mjlab-" prefix."""
-    for candidate in (name, PREFIX + name):
-        if candidate in known:
-            return candidate
-    short = ", ".join(k.removeprefix(PREFIX) for k in known)
-    raise ValueError(f"mjlab has no task {name!r}; its tasks: {short}")
+    return framework_task_id(name, known, PREFIX, "mjlab")
 
 
 def make_mjlab_env(
@@ -117,15 +113,7 @@ def _render(env: Any) -> np.ndarray:
 
 def observation_terms(env: Any) -> dict[str, list[tuple[str, int]]]:
     """Our group -> [(term, size)] from mjlab's observation manager."""
-    manager = env.observation_manager
-    ours = {theirs: our for our, theirs in GROUP_NAMES.items()}
-    out = {}
-    for group, names in manager.active_terms.items():
-        if group not in ours:
-            continue
-        dims = manager.group_obs_term_dim[group]
-        out[ours[group]] = [(n, int(np.prod(d))) for n, d in zip(names, dims, strict=True)]
-    return out
+    return manager_observation_terms(env.observation_manager, GROUP_NAMES)
 
 
 def robot_description(env: Any) -> RobotDescription | None:

@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+from external_checks import train_export_sim2sim  # beside this script
 
 TASK = "Isaac-Cartpole"
 # past the 300-step time-out, with env 2 pushed off its rail (a termination)
@@ -178,72 +178,6 @@ def build_and_compare() -> dict:
     }
 
 
-def train_export_sim2sim(out: Path) -> dict:
-    from deploy.runtime import OnnxPolicy
-    from deploy.sim2sim import evaluate_onnx
-    from training.export import export_run
-    from training.policy_kinds import evaluate_policy, load_policy
-    from training.runner import OnPolicyRunner
-    from training.train_configs import build_ppo_config
-
-    quiet = ["run.progress=false", "run.tensorboard=false", "run.video=false", "run.seed=0"]
-    over = quiet + ["env.num_envs=4", "ppo.num_steps=16", "run.total_steps=128"]
-    task = f"isaac:{TASK}"
-    cfg = build_ppo_config(task, over)
-    t0 = time.perf_counter()
-    runner = OnPolicyRunner(cfg, out / "run")
-    first = runner.train()
-    runner.save()
-    weights = {k: v.clone() for k, v in runner.policy.state_dict().items()}
-    runner.close()
-    resumed = OnPolicyRunner(
-        build_ppo_config(task, over[:-1] + ["run.total_steps=256"]), out / "run", resume=out / "run"
-    )
-    loaded_equal = all(torch.equal(v, weights[k]) for k, v in resumed.policy.state_dict().items())
-    start = resumed.env_steps
-    summary = resumed.train()
-    resumed.save()
-    resumed.close()
-    train_s = time.perf_counter() - t0
-    moved = any(
-        not torch.equal(v, weights[k])
-        for k, v in load_policy(out / "run").policy.state_dict().items()
-    )
-    trained = load_policy(out / "run")
-    eval_ckpt = evaluate_policy(
-        trained.policy, trained.cfg, trained.kind.family, 2, seed=0, max_steps=50
-    )
-
-    onnx = export_run(out / "run", out / "policy.onnx")
-    policy = OnnxPolicy(str(onnx))
-    meta = policy.metadata
-    x = torch.randn(5, meta.obs_frame_size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = trained.policy.act_inference({"policy": x}).numpy()
-    got, _ = policy.act_batch(x.numpy())
-    eval_onnx = evaluate_onnx(onnx, episodes=2, seed=0, max_steps=50)
-    return {
-        "hidden": list(cfg.policy.actor_hidden),
-        "first_iterations": first["iterations"],
-        "resume_loaded_equal": loaded_equal,
-        "resume_start": start,
-        "resumed_weights_moved": moved,
-        "env_steps": summary["env_steps"],
-        "iterations": summary["iterations"],
-        "train_s": train_s,
-        "parity": float(np.abs(got - want).max()),
-        "meta": {
-            "task": meta.task,
-            "control_dt": meta.control_period_s,
-            "joint_names": list(meta.action_joint_names),
-            "action_scale": list(map(float, meta.action_scale)),
-            "obs_terms": [list(t) for t in meta.obs_terms],
-        },
-        "eval_checkpoint": eval_ckpt["return_mean"],
-        "eval_onnx": eval_onnx["return_mean"],
-    }
-
-
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +188,7 @@ def main() -> None:
         "adapter": build_and_compare(),
         "unknown_task": unknown_task(),
     }
-    result["training"] = train_export_sim2sim(out)
+    result["training"] = train_export_sim2sim(f"isaac:{TASK}", out, 16)
     (out / "checks.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 

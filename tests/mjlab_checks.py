@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from external_checks import train_export_sim2sim  # beside this script
 
 TASK = "Velocity-Flat-Unitree-Go1"
 N, STEPS = 4, 30
@@ -72,67 +73,6 @@ def adapter_matches_mjlab() -> dict:
     }
 
 
-def train_export_sim2sim(out: Path) -> dict:
-    from deploy.runtime import OnnxPolicy
-    from deploy.sim2sim import evaluate_onnx
-    from training.export import export_run
-    from training.policy_kinds import evaluate_policy, load_policy
-    from training.runner import OnPolicyRunner
-    from training.train_configs import build_ppo_config
-
-    quiet = ["run.progress=false", "run.tensorboard=false", "run.video=false", "run.seed=0"]
-    over = quiet + ["env.num_envs=4", "ppo.num_steps=24", "run.total_steps=192"]
-    task = f"mjlab:{TASK}"
-    cfg = build_ppo_config(task, over)
-    runner = OnPolicyRunner(cfg, out / "run")
-    runner.train()
-    runner.save()
-    weights = {k: v.clone() for k, v in runner.policy.state_dict().items()}
-    runner.close()
-    resumed = OnPolicyRunner(
-        build_ppo_config(task, over[:-1] + ["run.total_steps=384"]), out / "run", resume=out / "run"
-    )
-    loaded_equal = all(
-        torch.equal(v, weights[k]) for k, v in resumed.policy.state_dict().items()
-    )
-    start = resumed.env_steps
-    summary = resumed.train()
-    resumed.save()
-    resumed.close()
-    trained = load_policy(out / "run")
-    eval_ckpt = evaluate_policy(
-        trained.policy, trained.cfg, trained.kind.family, 2, seed=0, max_steps=50
-    )
-
-    onnx = export_run(out / "run", out / "policy.onnx")
-    policy = OnnxPolicy(str(onnx))
-    meta = policy.metadata
-    torch_policy = trained.policy
-    x = torch.randn(5, meta.obs_frame_size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = torch_policy.act_inference({"policy": x, "critic": torch.zeros(5, 72)}).numpy()
-    got, _ = policy.act_batch(x.numpy())
-    eval_onnx = evaluate_onnx(onnx, episodes=2, seed=0, max_steps=50)
-    return {
-        "hidden": list(cfg.policy.actor_hidden),
-        "resume_loaded_equal": loaded_equal,
-        "resume_start": start,
-        "env_steps": summary["env_steps"],
-        "iterations": summary["iterations"],
-        "parity": float(np.abs(got - want).max()),
-        "meta": {
-            "task": meta.task,
-            "control_dt": meta.control_period_s,
-            "joint_names": list(meta.action_joint_names),
-            "kp": list(map(float, meta.kp)),
-            "action_scale": list(map(float, meta.action_scale)),
-            "obs_terms": [list(t) for t in meta.obs_terms],
-        },
-        "eval_checkpoint": eval_ckpt["return_mean"],
-        "eval_onnx": eval_onnx["return_mean"],
-    }
-
-
 def cli_resolves_the_documented_command() -> dict:
     """README's `.venv-mjlab/bin/sim2real train ppo --task mjlab:...`, resolved through
     the CLI with --print-config (the preset and the entry point; training is above)."""
@@ -152,7 +92,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     result = {
         "adapter": adapter_matches_mjlab(),
-        "training": train_export_sim2sim(out),
+        "training": train_export_sim2sim(f"mjlab:{TASK}", out, 24, critic_size=72),
         "cli": cli_resolves_the_documented_command(),
     }
     (out / "checks.json").write_text(json.dumps(result, indent=1))
