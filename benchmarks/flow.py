@@ -7,7 +7,9 @@ cached DPPO and Gaussian PPO results, run first if missing), then for each seed:
 1. flow BC: a flow policy (shortcut-trained, 4 Euler steps) pretrained on the same demos;
    evaluated at 4 steps and at 1 step (the one-step policy);
 2. ReinFlow: that policy fine-tuned for the budget, 4 noisy Euler steps;
-3. FPO from flow BC, and FPO from scratch (no demonstrations), same budget.
+3. FPO from flow BC, and FPO from scratch (no demonstrations), same budget;
+4. its peer: our Gaussian PPO from scratch with the task's preset (the policy the PPO
+   benchmark measures), same budget, evaluated with its mean action.
 
 Evaluations: 10 episodes on the DPPO benchmark's seeds, the generative policies sampling
 as deployed (x_0 ~ N(0, I) from a seeded generator). Then the ONNX latency per action of
@@ -42,7 +44,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import dppo as dppo_bench  # noqa: E402  (the DPPO benchmark: cache, demos, evaluations)
 
-FLOW_METHODS = ("fbc", "reinflow", "fpo", "fpo_scratch")
+FLOW_METHODS = ("fbc", "reinflow", "fpo", "fpo_scratch", "ppo_scratch")
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.video=false"]
 
 
@@ -114,6 +116,22 @@ def fine_tune(
     return {"run_dir": str(runner.run_dir), "wall_s": time.perf_counter() - t0, **trained}
 
 
+def ppo_scratch(task: str, seed: int, out: Path, budget: int, evals: int) -> dict:
+    """Our PPO from scratch, the task's preset (docs/benchmarks_ppo.md), ``budget`` steps."""
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
+
+    over = QUIET + [f"run.seed={seed}", f"ppo.seed={seed}", f"run.total_steps={budget}"]
+    cfg = build_ppo_config(task, over)
+    runner = OnPolicyRunner(cfg, out / task / f"ppo_scratch-s{seed}")
+    t0 = time.perf_counter()
+    trained = dppo_bench._train_with_evals(
+        runner, budget, evals, lambda p: dppo_bench._eval_gaussian(p, cfg, seed)
+    )
+    runner.close()
+    return {"run_dir": str(runner.run_dir), "wall_s": time.perf_counter() - t0, **trained}
+
+
 def latency(task: str, cache: Any, seed: int, calls: int = 5000) -> dict[str, Any]:
     """ONNX per-action latency of the one-step and four-step flow policies and DPPO's
     5-step DDIM, measured interleaved on the robot-side runtime."""
@@ -176,6 +194,8 @@ def main() -> None:
                     continue
                 if method == "fbc":
                     r = flow_bc(task, demos["path"], seed, out, updates, a.flow_extra)
+                elif method == "ppo_scratch":
+                    r = ppo_scratch(task, seed, out, a.budget, a.evals)
                 else:
                     fbc = cache.get(f"{task}/fbc/s{seed}")
                     init = None if method == "fpo_scratch" else fbc["run_dir"]
@@ -195,9 +215,9 @@ def main() -> None:
         ):
             cache.put(f"{task}/flow_onnx", latency(task, cache, a.seeds[0]))
     print(
-        "\n| task | BC (diffusion) | DPPO | flow BC 4 steps | flow BC 1 step | ReinFlow | FPO from BC | FPO from scratch | Gaussian PPO |"
+        "\n| task | BC (diffusion) | DPPO | flow BC 4 steps | flow BC 1 step | ReinFlow | FPO from BC | FPO from scratch | Gaussian PPO | PPO from scratch |"
     )
-    print("| --- | --: | --: | --: | --: | --: | --: | --: | --: |")
+    print("| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |")
     for task in a.tasks:
 
         def col(method: str, key: str = "return", task: str = task) -> str:
@@ -205,8 +225,11 @@ def main() -> None:
             return _mean([v[key] for v in vals if v is not None and v.get(key) is not None])
 
         print(f"| {task} | {col('bc')} | {col('dppo')} | {col('fbc')} | {col('fbc', 'return_1step')} | "
-              f"{col('reinflow')} | {col('fpo')} | {col('fpo_scratch')} | {col('gppo')} |")  # fmt: skip
-        walls = {m: col(m, "train_s") for m in ("dppo", "reinflow", "fpo", "fpo_scratch")}
+              f"{col('reinflow')} | {col('fpo')} | {col('fpo_scratch')} | {col('gppo')} | "
+              f"{col('ppo_scratch')} |")  # fmt: skip
+        walls = {
+            m: col(m, "train_s") for m in ("dppo", "reinflow", "fpo", "fpo_scratch", "ppo_scratch")
+        }
         print(f"  fine-tuning wall time, s: {walls}")
         if cache.get(f"{task}/flow_onnx"):
             print(f"  ONNX per action: {json.dumps(cache.get(f'{task}/flow_onnx'))}")
