@@ -56,7 +56,6 @@ policy_path:=/path/policy.onnx``.
 from __future__ import annotations
 
 import array
-import gc
 import math
 import sys
 import time
@@ -64,10 +63,9 @@ from typing import Any
 
 import numpy as np
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from geometry_msgs.msg import Twist
-from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Imu, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension
@@ -75,18 +73,11 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
 from sim2real_ros.gains import GainsError, PDGains, resolve_gains
-from sim2real_ros.node_runtime import set_realtime, spin
+from sim2real_ros.node_runtime import spin
+from sim2real_ros.policy_lifecycle import COMMAND_QOS, SENSOR_QOS, PolicyLifecycleNode, stamp_s
 
 NODE_NAME = "sim2real_policy"
 
-# Sensor input: best effort, keep the latest (a best-effort subscription also matches a
-# reliable publisher). Commands out: reliable, what ros2_control's controllers expect.
-SENSOR_QOS = QoSProfile(
-    depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST
-)
-COMMAND_QOS = QoSProfile(
-    depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST
-)
 # The gains: sent once per activation and latched, so that a driver started later (or
 # restarted) still gets them; its subscription must be transient local too.
 GAINS_QOS = QoSProfile(
@@ -125,73 +116,24 @@ PARAMETERS: dict[str, Any] = {
 """Parameter names and defaults (``config/policy.yaml`` documents each). None: unset
 unless the user sets it (``kp``/``kd``: then the policy's own values)."""
 
-AUTOSTART = ("none", "configure", "activate")
 TRIGGERS = ("timer", "joint_states")
 
 
-def _stamp_s(msg: Any) -> float:
-    s = msg.header.stamp
-    return s.sec + s.nanosec * 1e-9
-
-
-class PolicyNode(LifecycleNode):
+class PolicyNode(PolicyLifecycleNode):
     """See the module docstring."""
 
+    SAFE_COMMAND = "the safe posture"
+
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(NODE_NAME, **kwargs)
-        for name, default in PARAMETERS.items():
-            if default is None:
-                # no default value to take a type from; any number list is accepted (a
-                # YAML [20, 20, ...] is an integer array) and checked at configure
-                self.declare_parameter(name, None, ParameterDescriptor(dynamic_typing=True))
-            else:
-                self.declare_parameter(name, default)
         self.controller: PolicyController | None = None
         self.stats: LoopStats | None = None
         self._js: JointState | None = None
         self._imu: Imu | None = None
         self._t_js: float | None = None
         self._t_imu: float | None = None
-        self._started = False  # published anything since configure
         self._last_tick = -math.inf
-        self._io_entities: list[Any] = []
-        self._loop_timers: list[Any] = []
-        self._autostart_timer = None
         self._log_errors_after = 0.0
-        mode = self._param("autostart")
-        if mode not in AUTOSTART:
-            self.get_logger().error(f"autostart must be one of {AUTOSTART}, got {mode!r}")
-            mode = "none"
-        self._autostart = mode
-        if mode != "none":
-            # after the executor starts spinning (transitions need the node registered)
-            self._autostart_timer = self.create_timer(0.05, self._autostart_step)
-
-    # ------------------------------------------------------------------ parameters
-    def _param(self, name: str) -> Any:
-        return self.get_parameter(name).value
-
-    # ------------------------------------------------------------------ autostart
-    def _autostart_step(self) -> None:
-        state = self._state_machine.current_state[1]
-        if state == "unconfigured":
-            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-                self.get_logger().error("autostart: configure failed; not retrying")
-                self._stop_autostart()
-                return
-            if self._autostart == "configure":
-                self._stop_autostart()
-        elif state == "inactive" and self._autostart == "activate":
-            if self._fresh(time.monotonic()):
-                self.trigger_activate()
-                self._stop_autostart()
-        else:
-            self._stop_autostart()
-
-    def _stop_autostart(self) -> None:
-        if self._autostart_timer is not None:
-            self.destroy_timer(self._autostart_timer)
-            self._autostart_timer = None
+        super().__init__(NODE_NAME, PARAMETERS, **kwargs)
 
     # ------------------------------------------------------------------ lifecycle
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -292,19 +234,7 @@ class PolicyNode(LifecycleNode):
         period = c.control_period_s
         if trigger == "joint_states":
             period = max(period, c.safety.config.watchdog_timeout_s / 4)
-        self._loop_timers = [
-            self.create_timer(period, self._on_timer),
-            self.create_timer(
-                float(self._param("diagnostics_period_s")), self._publish_diagnostics
-            ),
-        ]
-        self._set_rt_priority(int(self._param("rt_priority")))
-        # Garbage collection off the control path: what exists now is frozen (never
-        # scanned again), the automatic collector is off, and the diagnostics timer
-        # collects once per period (cycles live at most that long; ~0.05 ms measured).
-        gc.collect()
-        gc.freeze()
-        gc.disable()
+        self._start_loop(period, self._on_timer)
         log.info(
             f"configured: policy {c.metadata.run_id or '?'} ({c.policy.path}), task "
             f"{meta.task!r}, {c.num_joints} joints, obs terms {[n for n, _ in meta.obs_terms]}, "
@@ -330,59 +260,19 @@ class PolicyNode(LifecycleNode):
                     + "; the policy's actions assume the trained gains"
                 )
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+    def _stale_inputs(self) -> str:
         c = self.controller
-        now = time.monotonic()
-        if c is None:
-            return TransitionCallbackReturn.FAILURE
-        if not self._fresh(now):
-            self.get_logger().error(
-                "activate refused: no fresh sensor data (JointState"
-                + (" and Imu" if self._needs_imu else "")
-                + f" within {c.safety.config.watchdog_timeout_s:.3f} s)"
-            )
-            return TransitionCallbackReturn.FAILURE
-        c.activate(now, self._js)
-        if not c.active:  # the safety layer refused the time (the clock went back)
-            self.get_logger().error("activate refused: the clock went back since the last step")
-            return TransitionCallbackReturn.FAILURE
-        self._gains_pub.publish(self._gains_msg)  # before the first command
-        self._started = True
-        self.get_logger().info(f"activated: ramp-in {c.safety.config.ramp_in_s:g} s")
-        return TransitionCallbackReturn.SUCCESS
+        return (
+            "no fresh sensor data (JointState"
+            + (" and Imu" if self._needs_imu else "")
+            + f" within {c.safety.config.watchdog_timeout_s:.3f} s)"
+        )
 
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        if self.controller is not None:
-            self.controller.deactivate()
-            self._step(time.monotonic())  # the safe posture now, not at the next tick
-        self.get_logger().info("deactivated: holding the safe posture")
-        return TransitionCallbackReturn.SUCCESS
+    def _before_first_command(self) -> None:
+        self._gains_pub.publish(self._gains_msg)
 
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def _release(self) -> None:
-        gc.enable()
+    def _before_release(self) -> None:
         self.save_timing_log()
-        for t in self._loop_timers:
-            self.destroy_timer(t)
-        for e in self._io_entities:
-            if hasattr(e, "publish"):
-                self.destroy_publisher(e)
-            else:
-                self.destroy_subscription(e)
-        self._loop_timers, self._io_entities = [], []
-        self.controller = None
-        self._started = False
 
     def on_exit(self) -> None:
         """Called by :func:`spin` when the process stops: keep the timing log."""
@@ -461,27 +351,16 @@ class PolicyNode(LifecycleNode):
             self._traj_msg.points = [self._traj_point]
             self._traj_pub.publish(self._traj_msg)
         self._last_tick = now
-        stamp = _stamp_s(js) if js is not None else None
+        stamp = stamp_s(js) if js is not None else None
         self.stats.record(now, time.monotonic(), wall, stamp, wall_tick)
         if c.last_error and now > self._log_errors_after:
             self.get_logger().error(f"bad observation: {c.last_error}")
             self._log_errors_after = now + 1.0
 
     # ------------------------------------------------------------------ diagnostics
-    def _publish_diagnostics(self) -> None:
-        gc.collect()
-        c, stats = self.controller, self.stats
-        if c is None or stats is None:
-            return
-        summary = stats.summary()
-        counters = {**c.safety.counters, **c.counters}
-        status = DiagnosticStatus()
-        status.name = f"{self.get_name()}: policy loop"
-        status.hardware_id = c.metadata.task or "robot"
-        state = self._state_machine.current_state[1]
-        status.level = DiagnosticStatus.OK
-        status.message = f"{state}"
-        now = time.monotonic()
+    def _diagnostics(self, status: DiagnosticStatus, state: str, now: float) -> dict[str, str]:
+        c = self.controller
+        summary = self.stats.summary()
         if self._started and not self._fresh(now):
             status.level = DiagnosticStatus.ERROR
             status.message = f"{state}: sensor data stale or invalid (safe posture)"
@@ -498,22 +377,9 @@ class PolicyNode(LifecycleNode):
             "command": ",".join(f"{v:.3f}" for v in c.command),
         }
         values.update({k: f"{v:.4g}" for k, v in summary.items()})
+        counters = {**c.safety.counters, **c.counters}
         values.update({f"safety.{k}": str(v) for k, v in counters.items()})
-        status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
-        msg = DiagnosticArray()
-        msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [status]
-        self._diag_pub.publish(msg)
-
-    # ------------------------------------------------------------------ helpers
-    def _set_rt_priority(self, priority: int) -> None:
-        if priority > 0:
-            problem = set_realtime(priority)
-            if problem:
-                self.get_logger().warning(problem)
-            else:
-                self.get_logger().info(f"SCHED_FIFO priority {priority} (all threads)")
-
+        return values
 
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=sys.argv if argv is None else argv)

@@ -38,33 +38,26 @@ from __future__ import annotations
 
 import array
 import collections
-import gc
 import sys
 import time
 from typing import Any
 
 import numpy as np
 import rclpy
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from geometry_msgs.msg import PointStamped
-from rcl_interfaces.msg import ParameterDescriptor
-from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.lifecycle import LifecycleState, TransitionCallbackReturn
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
 
 from sim2real_ros.controller import ConfigureError, LoopStats
-from sim2real_ros.node_runtime import set_realtime, spin
+from sim2real_ros.node_runtime import spin
+from sim2real_ros.policy_lifecycle import COMMAND_QOS, SENSOR_QOS, PolicyLifecycleNode, stamp_s
 from sim2real_ros.vla_controller import VLAController
 
 NODE_NAME = "sim2real_vla_policy"
 
-SENSOR_QOS = QoSProfile(
-    depth=1, reliability=ReliabilityPolicy.BEST_EFFORT, history=HistoryPolicy.KEEP_LAST
-)
-COMMAND_QOS = QoSProfile(
-    depth=1, reliability=ReliabilityPolicy.RELIABLE, history=HistoryPolicy.KEEP_LAST
-)
 # Instructions: reliable and volatile, which matches every publisher (`ros2 topic pub`
 # included); a transient-local subscription would refuse volatile publishers.
 INSTRUCTION_QOS = QoSProfile(
@@ -100,77 +93,33 @@ PARAMETERS: dict[str, Any] = {
 }
 """Parameter names and defaults (``config/vla_policy.yaml`` documents each)."""
 
-AUTOSTART = ("none", "configure", "activate")
 LOG_EVERY_S = 1.0  # the same error is logged at most this often (a camera at 30 Hz)
 
 
-def _stamp_s(msg: Any) -> float:
-    s = msg.header.stamp
-    return s.sec + s.nanosec * 1e-9
-
-
-class VLAPolicyNode(LifecycleNode):
+class VLAPolicyNode(PolicyLifecycleNode):
     """See the module docstring."""
 
+    LOOP_NAME = "VLA policy loop"
+
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(NODE_NAME, **kwargs)
-        for name, default in PARAMETERS.items():
-            if default is None:
-                self.declare_parameter(name, None, ParameterDescriptor(dynamic_typing=True))
-            else:
-                self.declare_parameter(name, default)
         self.controller: VLAController | None = None
         self.stats: LoopStats | None = None
         self._js: JointState | None = None
         self._tip: PointStamped | None = None
         self._t_js: float | None = None
         self._t_tip: float | None = None
-        self._started = False
-        self._io_entities: list[Any] = []
-        self._loop_timers: list[Any] = []
         self._logged: dict[str, float] = {}
         self._image_latency: collections.deque[float] = collections.deque(maxlen=1024)
         self._image_arrivals: collections.deque[float] = collections.deque(maxlen=256)
         self._image_transport: collections.deque[float] = collections.deque(maxlen=256)
         self._commands_sent = 0
-        mode = self._param("autostart")
-        if mode not in AUTOSTART:
-            self.get_logger().error(f"autostart must be one of {AUTOSTART}, got {mode!r}")
-            mode = "none"
-        self._autostart = mode
-        self._autostart_timer = (
-            self.create_timer(0.05, self._autostart_step) if mode != "none" else None
-        )
-
-    def _param(self, name: str) -> Any:
-        return self.get_parameter(name).value
+        super().__init__(NODE_NAME, PARAMETERS, **kwargs)
 
     def _log_limited(self, key: str, message: str) -> None:
         now = time.monotonic()
         if now >= self._logged.get(key, 0.0):
             self.get_logger().error(message)
             self._logged[key] = now + LOG_EVERY_S
-
-    # ------------------------------------------------------------------ autostart
-    def _autostart_step(self) -> None:
-        state = self._state_machine.current_state[1]
-        if state == "unconfigured":
-            if self.trigger_configure() != TransitionCallbackReturn.SUCCESS:
-                self.get_logger().error("autostart: configure failed; not retrying")
-                self._stop_autostart()
-            elif self._autostart == "configure":
-                self._stop_autostart()
-        elif state == "inactive" and self._autostart == "activate":
-            if self._fresh(time.monotonic()):
-                self.trigger_activate()
-                self._stop_autostart()
-        else:
-            self._stop_autostart()
-
-    def _stop_autostart(self) -> None:
-        if self._autostart_timer is not None:
-            self.destroy_timer(self._autostart_timer)
-            self._autostart_timer = None
 
     # ------------------------------------------------------------------ lifecycle
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -231,17 +180,7 @@ class VLAPolicyNode(LifecycleNode):
                     PointStamped, p("fingertip_topic"), self._on_fingertip, SENSOR_QOS
                 )
             )
-        self._loop_timers = [
-            self.create_timer(c.control_period_s, self._on_timer),
-            self.create_timer(float(p("diagnostics_period_s")), self._publish_diagnostics),
-        ]
-        if int(p("rt_priority")) > 0:
-            problem = set_realtime(int(p("rt_priority")))
-            if problem:
-                log.warning(problem)
-        gc.collect()
-        gc.freeze()  # see policy_node: the collector runs from the diagnostics timer
-        gc.disable()
+        self._start_loop(c.control_period_s, self._on_timer)
         meta = c.metadata
         log.info(
             f"configured: VLA {meta.run_id or '?'} ({c.policy.path}), task {meta.task!r}, "
@@ -253,57 +192,9 @@ class VLAPolicyNode(LifecycleNode):
         )
         return TransitionCallbackReturn.SUCCESS
 
-    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        c = self.controller
-        now = time.monotonic()
-        if c is None:
-            return TransitionCallbackReturn.FAILURE
-        if not self._fresh(now):
-            self.get_logger().error(
-                "activate refused: no fresh JointState"
-                + (", fingertip" if c.proprio.needs_fingertip else "")
-                + " and image"
-            )
-            return TransitionCallbackReturn.FAILURE
-        c.activate(now, self._js)
-        if not c.active:
-            self.get_logger().error("activate refused: the clock went back since the last step")
-            return TransitionCallbackReturn.FAILURE
-        self._started = True
-        self.get_logger().info(f"activated: ramp-in {c.safety.config.ramp_in_s:g} s")
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        if self.controller is not None:
-            self.controller.deactivate()
-            self._step(time.monotonic())  # the safe command now, not at the next tick
-        self.get_logger().info("deactivated: sending the safe command")
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
-
-    def _release(self) -> None:
-        gc.enable()
-        for t in self._loop_timers:
-            self.destroy_timer(t)
-        for e in self._io_entities:
-            if hasattr(e, "publish"):
-                self.destroy_publisher(e)
-            else:
-                self.destroy_subscription(e)
-        self._loop_timers, self._io_entities = [], []
-        self.controller = None
-        self._started = False
+    def _stale_inputs(self) -> str:
+        fingertip = ", fingertip" if self.controller.proprio.needs_fingertip else ""
+        return f"no fresh JointState{fingertip} and image"
 
     # ------------------------------------------------------------------ inputs
     def _on_image(self, msg: Image) -> None:
@@ -318,7 +209,7 @@ class VLAPolicyNode(LifecycleNode):
             )
         else:
             self._image_arrivals.append(now)
-            self._image_transport.append(time.time() - _stamp_s(msg))
+            self._image_transport.append(time.time() - stamp_s(msg))
 
     def _on_instruction(self, msg: String) -> None:
         c = self.controller
@@ -376,25 +267,15 @@ class VLAPolicyNode(LifecycleNode):
         wall = time.time()
         self._commands_sent += 1
         if c.chunk_image_msg is not None:
-            self._image_latency.append(wall - _stamp_s(c.chunk_image_msg))
-        stamp = _stamp_s(js) if js is not None else None
+            self._image_latency.append(wall - stamp_s(c.chunk_image_msg))
+        stamp = stamp_s(js) if js is not None else None
         self.stats.record(now, time.monotonic(), wall, stamp)
         if c.last_error:
             self._log_limited("observation", f"bad observation: {c.last_error}")
 
     # ------------------------------------------------------------------ diagnostics
-    def _publish_diagnostics(self) -> None:
-        gc.collect()
-        c, stats = self.controller, self.stats
-        if c is None or stats is None:
-            return
-        now = time.monotonic()
-        state = self._state_machine.current_state[1]
-        status = DiagnosticStatus()
-        status.name = f"{self.get_name()}: VLA policy loop"
-        status.hardware_id = c.metadata.task or "robot"
-        status.level = DiagnosticStatus.OK
-        status.message = state
+    def _diagnostics(self, status: DiagnosticStatus, state: str, now: float) -> dict[str, str]:
+        c = self.controller
         if self._started and not self._fresh(now):
             status.level = DiagnosticStatus.ERROR
             status.message = f"{state}: inputs stale or invalid (safe command)"
@@ -409,7 +290,7 @@ class VLAPolicyNode(LifecycleNode):
             "target_rate_hz": f"{1.0 / c.control_period_s:.3f}",
             "commands_sent": str(self._commands_sent),
         }
-        values.update({k: f"{v:.4g}" for k, v in stats.summary().items()})
+        values.update({k: f"{v:.4g}" for k, v in self.stats.summary().items()})
         arrivals = [t for t in self._image_arrivals if now - t <= 2.0]
         if len(arrivals) > 1:
             values["image_rate_hz"] = f"{(len(arrivals) - 1) / (arrivals[-1] - arrivals[0]):.4g}"
@@ -425,12 +306,7 @@ class VLAPolicyNode(LifecycleNode):
         values.update({f"vla.{k}": str(v) for k, v in c.counters.items()})
         values.update({f"vla.runtime.{k}": str(v) for k, v in c.policy.counters.items()})
         values.update({f"safety.{k}": str(v) for k, v in c.safety.counters.items()})
-        status.values = [KeyValue(key=k, value=v) for k, v in values.items()]
-        msg = DiagnosticArray()
-        msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [status]
-        self._diag_pub.publish(msg)
-
+        return values
 
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=sys.argv if argv is None else argv)
