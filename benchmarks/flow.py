@@ -96,6 +96,7 @@ def fine_tune(
     """`method`: the learner (reinflow | fpo); `name`: the run's directory and cache key
     (fpo_scratch is FPO without `init`), default `method`."""
     from training.policy_kinds import finetune_config_from
+    from training.run_control import TrainingDiverged
     from training.runner import OnPolicyRunner
     from training.train_configs import FPOTrainConfig, ReinFlowTrainConfig, build_fpo_config
 
@@ -109,9 +110,15 @@ def fine_tune(
         cfg = finetune_config_from(cls, init, task, over)
     runner = OnPolicyRunner(cfg, out / task / f"{name or method}-s{seed}")
     t0 = time.perf_counter()
-    trained = dppo_bench._train_with_evals(
-        runner, budget, evals, lambda p: _eval_flow(p, cfg, seed)
-    )
+    try:
+        trained = dppo_bench._train_with_evals(
+            runner, budget, evals, lambda p: _eval_flow(p, cfg, seed)
+        )
+    except TrainingDiverged as e:
+        # a result, not a crash: the run's last good weights, and where it stopped
+        print(f"[{task} s{seed}] {name or method}: {e}", flush=True)
+        ev = _eval_flow(runner.policy, cfg, seed)
+        trained = {"env_steps": runner.env_steps, "return": ev["return_mean"], "diverged": str(e)}
     runner.close()
     return {"run_dir": str(runner.run_dir), "wall_s": time.perf_counter() - t0, **trained}
 

@@ -119,7 +119,11 @@ def _target(obs: torch.Tensor) -> torch.Tensor:
 UPDATES = 6
 
 
-def test_fpo_from_scratch_moves_the_mean_action_toward_the_rewarded_one():
+# measured 0.84 -> 0.44 with the paper's clipped objective in 6 updates (0.58 in 4,
+# since the shortcut's self-consistency targets come from the rollout's parameters, one
+# update behind); 0.84 -> 0.71 with SPO, the default, which moves each update less
+@pytest.mark.parametrize("loss, bar", [("ppo", 0.6), ("spo", 0.9)])
+def test_fpo_from_scratch_moves_the_mean_action_toward_the_rewarded_one(loss, bar):
     """A contextual bandit (every step ends the episode): reward -|a - a*(obs)|^2 with
     a* = (0.5 sign(obs_0), -0.5). From random networks, a few updates move the sampled
     actions' mean toward a* for both contexts."""
@@ -135,6 +139,7 @@ def test_fpo_from_scratch_moves_the_mean_action_toward_the_rewarded_one():
         actor_lr=3e-3,
         critic_lr=3e-3,
         gamma=0.0,
+        loss=loss,
     )
     assert learner.fit_obs  # from scratch: the normalizer learns from the rollouts
     g = torch.Generator().manual_seed(1)
@@ -157,9 +162,7 @@ def test_fpo_from_scratch_moves_the_mean_action_toward_the_rewarded_one():
         stats = learner.update()
         assert stats["minibatch_steps"] > 0 and stats["nonfinite_steps"] == 0
     after = mean_error()
-    # measured 0.84 -> 0.44 in 6 updates; 0.84 -> 0.58 in 4 since the shortcut's
-    # self-consistency targets come from the rollout's parameters (one update behind)
-    assert after < 0.6 * before, (before, after)
+    assert after < bar * before, (before, after)
     assert int(policy.obs_normalizer.count) == UPDATES * 4 * n_envs
 
 
