@@ -63,10 +63,10 @@ class FPOConfig(FlowLearnerConfig):
     loss: str = "spo"
     """Policy-loss preset of the core. SPO (r A - |A| (r - 1)^2 / (2 eps)) pulls every
     ratio back toward 1 instead of cutting its gradient off beyond the clip: with PPO's
-    clip, FPO from scratch on halfcheetah (seed 0) moved one chunk's ratio to 1.5e7 in a
-    single update at 83k steps and never recovered (every later step non-finite), and so
-    did it with dual clipping; with SPO the same run kept KL at 4-6e-4 and ratios under
-    1.1 to 131k steps and went on learning. (FPO++, Yi et al. 2026, takes SPO for
+    clip, FPO from scratch on halfcheetah (seed 0) saw ratios of 44 at 83k steps and 6e7
+    at 103k and never recovered (every later step non-finite), with dual clipping 1.5e7
+    at 83k; with SPO the same run kept KL at 4-6e-4 and ratios under 1.1 to 131k steps
+    and went on learning. (FPO++, Yi et al. 2026, takes SPO for
     negative advantages for the same reason.) "ppo" gives the paper's objective."""
     num_draws: int = 8
     """N, the (tau, eps) pairs per sampled chunk that estimate its flow-matching loss."""
