@@ -129,6 +129,12 @@ class PoolEngine:
         # numba starts its whole pool for every parallel region unless told otherwise: at
         # fewer chunks than pool threads the idle ones only spin, on cores others need
         self._pool_threads = max(1, min(self.nthread, numba.config.NUMBA_NUM_THREADS))
+        # one chunk runs on the calling thread: no parallel region, no pool thread woken
+        serial = self._serial = self.nthread == 1
+        self._step = native.step_serial if serial else native.step_pool
+        self._reset = native.reset_serial if serial else native.reset_pool
+        self._forward = native.forward_serial if serial else native.forward_pool
+        self._setconst = native.setconst_serial if serial else native.setconst_pool
         self.rne_post = rne_post
         self._models: list[mujoco.MjModel] = [model]
         self._datas = [mujoco.MjData(model) for _ in range(num_envs)]
@@ -168,7 +174,7 @@ class PoolEngine:
         addrs, nbytes, shape, dtype = self._field("data", name)
         out = np.empty((self.num_envs, *shape), dtype=dtype)
         if nbytes:
-            native.gather(addrs, nbytes, out)
+            native.gather(addrs, nbytes, out, parallel=not self._serial)
         return out
 
     def set(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
@@ -195,7 +201,7 @@ class PoolEngine:
         self._ensure_per_env_models()
         addrs, nbytes, shape, dtype = self._field("model", name)
         out = np.empty((self.num_envs, *shape), dtype=dtype)
-        native.gather(addrs, nbytes, out)
+        native.gather(addrs, nbytes, out, parallel=not self._serial)
         return out
 
     def set_model_field(self, name: str, values: np.ndarray, ids: np.ndarray) -> None:
@@ -205,26 +211,32 @@ class PoolEngine:
         native.scatter(addrs, nbytes, src, np.asarray(ids, dtype=np.int64))
         self.written_model_fields.add(name)
 
+    def _run(self, kernel, *args) -> None:
+        # a serial engine never starts numba's pool (set_num_threads would launch it)
+        if self._serial:
+            kernel(*args)
+            return
+        with native.LAUNCH:
+            numba.set_num_threads(self._pool_threads)
+            kernel(*args)
+
     def set_const(self, ids: np.ndarray) -> None:
-        numba.set_num_threads(self._pool_threads)
-        native.setconst_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
+        self._run(self._setconst, self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
 
     # -- stepping ------------------------------------------------------------------
     def step(self, ctrl: np.ndarray, nsub: int) -> None:
         ctrl = np.ascontiguousarray(ctrl, dtype=np.float64)
         addrs = self._field("data", "ctrl")[0]
-        numba.set_num_threads(self._pool_threads)
-        native.step_pool(self._m_addr, self._d_addr, addrs, ctrl, nsub, self.rne_post, self.nthread)
+        self._run(
+            self._step, self._m_addr, self._d_addr, addrs, ctrl, nsub, self.rne_post, self.nthread
+        )
 
     def reset(self, ids: np.ndarray) -> None:
-        numba.set_num_threads(self._pool_threads)
-        native.reset_pool(self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
+        self._run(self._reset, self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.nthread)
 
     def forward(self, ids: np.ndarray) -> None:
-        numba.set_num_threads(self._pool_threads)
-        native.forward_pool(
-            self._m_addr, self._d_addr, np.asarray(ids, np.int64), self.rne_post, self.nthread
-        )
+        ids = np.asarray(ids, np.int64)
+        self._run(self._forward, self._m_addr, self._d_addr, ids, self.rne_post, self.nthread)
 
     def get_data(self, i: int) -> mujoco.MjData:
         return self._datas[i]

@@ -12,10 +12,25 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import threading
 
 import mujoco
+import numba
 import numpy as np
 from numba import njit, prange
+from numba.np.ufunc import parallel as _numba_parallel
+
+# numba's default threading layer is GNU OpenMP, whose idle threads spin-wait for the
+# next parallel region; it shares the libgomp that torch loaded, so OMP_WAIT_POLICY set
+# here comes too late. Between steps (the policy, the PPO update) a spinning thread
+# burned ~40% of a core: two humanoid trainings side by side ran at 470 env steps/s
+# each, 2 000 each without the spin (2026-12-04, 2 cores). numba's own workqueue layer
+# sleeps when idle. It must not be entered from two threads at once, hence LAUNCH,
+# held around every parallel kernel. A layer the user chose (NUMBA_THREADING_LAYER), or
+# one already started, is left as it is.
+if numba.config.THREADING_LAYER == "default" and not _numba_parallel._is_initialized:
+    numba.config.THREADING_LAYER = "workqueue"
+LAUNCH = threading.Lock()
 
 _U64 = ctypes.c_uint64
 
@@ -50,8 +65,7 @@ _mj_setconst = _fn(_lib, "mj_setConst", 2)
 _memcpy = _fn(ctypes.CDLL(None), "memcpy", 3, _U64)
 
 
-@njit(parallel=True, nogil=True)
-def step_pool(m_addr, d_addr, ctrl_addr, ctrl, nsub, rne_post, nchunk):  # pragma: no cover
+def _step_pool(m_addr, d_addr, ctrl_addr, ctrl, nsub, rne_post, nchunk):  # pragma: no cover
     n = d_addr.shape[0]
     row = ctrl.shape[1] * 8
     base = ctrl.ctypes.data
@@ -69,16 +83,14 @@ def step_pool(m_addr, d_addr, ctrl_addr, ctrl, nsub, rne_post, nchunk):  # pragm
                 _mj_rne_post(m_addr[i], d_addr[i])
 
 
-@njit(parallel=True, nogil=True)
-def reset_pool(m_addr, d_addr, ids, nchunk):  # pragma: no cover
+def _reset_pool(m_addr, d_addr, ids, nchunk):  # pragma: no cover
     n = ids.shape[0]
     for c in prange(nchunk):
         for k in range(c * n // nchunk, (c + 1) * n // nchunk):
             _mj_reset(m_addr[ids[k]], d_addr[ids[k]])
 
 
-@njit(parallel=True, nogil=True)
-def forward_pool(m_addr, d_addr, ids, rne_post, nchunk):  # pragma: no cover
+def _forward_pool(m_addr, d_addr, ids, rne_post, nchunk):  # pragma: no cover
     n = ids.shape[0]
     for c in prange(nchunk):
         for k in range(c * n // nchunk, (c + 1) * n // nchunk):
@@ -87,8 +99,7 @@ def forward_pool(m_addr, d_addr, ids, rne_post, nchunk):  # pragma: no cover
                 _mj_rne_post(m_addr[ids[k]], d_addr[ids[k]])
 
 
-@njit(parallel=True, nogil=True)
-def setconst_pool(m_addr, d_addr, ids, nchunk):  # pragma: no cover
+def _setconst_pool(m_addr, d_addr, ids, nchunk):  # pragma: no cover
     n = ids.shape[0]
     for c in prange(nchunk):
         for k in range(c * n // nchunk, (c + 1) * n // nchunk):
@@ -109,13 +120,25 @@ def _gather_serial(addrs, nbytes, out):  # pragma: no cover
         _memcpy(base + i * nbytes, addrs[i], nbytes)
 
 
+# Each kernel twice: on numba's pool, and serially on the calling thread for one chunk,
+# where a parallel region would only wake (or keep spinning) threads with nothing to do.
+# prange is range in the serial compilation, so both run the same calls in the same order.
+_parallel = njit(parallel=True, nogil=True)
+_serial = njit(nogil=True)
+step_pool, step_serial = _parallel(_step_pool), _serial(_step_pool)
+reset_pool, reset_serial = _parallel(_reset_pool), _serial(_reset_pool)
+forward_pool, forward_serial = _parallel(_forward_pool), _serial(_forward_pool)
+setconst_pool, setconst_serial = _parallel(_setconst_pool), _serial(_setconst_pool)
+
+
 # below this many envs, starting a parallel region costs more than the copies
 _PARALLEL_GATHER_MIN = 256
 
 
-def gather(addrs: np.ndarray, nbytes: int, out: np.ndarray) -> None:
-    if addrs.shape[0] >= _PARALLEL_GATHER_MIN:
-        _gather_parallel(addrs, nbytes, out)
+def gather(addrs: np.ndarray, nbytes: int, out: np.ndarray, parallel: bool = True) -> None:
+    if parallel and addrs.shape[0] >= _PARALLEL_GATHER_MIN:
+        with LAUNCH:
+            _gather_parallel(addrs, nbytes, out)
     else:
         _gather_serial(addrs, nbytes, out)
 
