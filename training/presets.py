@@ -96,13 +96,19 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     # rate sits at its floor, 1e-5, with KL 0.02) over 64 envs x 4 minibatches of 1024:
     # 493 at 270k steps against 122 at 230k (seed 0; probes of 2026-12-04, 1M not yet
     # measured; issue 25). Initial std 0.4 instead of 0.135: no better (400 against 437
-    # at 110k)
+    # at 110k). With 348 inputs Adam's per-weight steps move the action mean so much that
+    # the rate sits at its floor (1e-5) whatever the std; against that fixed step an
+    # initial std of 1 (SB3's) keeps the relative change, and the KL, small: seed 0 at 1M
+    # steps 1 399 against 889 with std 0.135, and walking from ~1.3M (4 527 at 1.5M).
+    # Linear rates from 1e-4 / 3e-5 with std 1 did worse at 1M (979 / ~570; docs/
+    # benchmarks_ppo.md, 2026-12-04 probes)
     "humanoid": {
         **_LOCOMOTION,
         "env.num_envs": 64,
         "ppo.num_minibatches": 4,
         "ppo.schedule": "adaptive",
         "policy.obs_clip": 10.0,
+        "policy.init_std": 1.0,
         "run.total_steps": 2_000_000,
     },
     "quadruped": _LEGGED,

@@ -316,6 +316,8 @@ class OnPolicyRunner:
         if self.is_main and every and self.iteration % every == 0 and self.iteration < total_iters:
             ev = self.evaluate()
             row["eval/return"] = ev["return_mean"]
+            # a longer episode is the first sign of a legged policy that stopped falling
+            row["eval/episode_length"] = ev["length_mean"]
             self.eval_history.append({"env_steps": self.env_steps, "return": ev["return_mean"]})
         self.logger.log(self.env_steps, row)
         self.logger.advance(self.steps_per_iteration, ret=f"{ret:.1f}", sps=f"{fps:,.0f}")
