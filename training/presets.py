@@ -100,13 +100,16 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     # the rate sits at its floor (1e-5) whatever the std; against that fixed step an
     # initial std of 1 (SB3's) keeps the relative change, and the KL, small: seed 0 at 1M
     # steps 1 399 against 889 with std 0.135, and walking from ~1.3M (4 527 at 1.5M).
-    # Linear rates from 1e-4 / 3e-5 with std 1 did worse at 1M (979 / ~570; docs/
-    # benchmarks_ppo.md, 2026-12-04 probes)
+    # Linear rates from 1e-4 / 3e-5 with std 1 did worse at 1M (979 / 751). A floor of
+    # 2e-5 instead of 1e-5 (the rate stays on it): 2 152 at 1M, 6 037 at 2M (seed 0;
+    # docs/benchmarks_ppo.md, 2026-12-04 probes)
     "humanoid": {
         **_LOCOMOTION,
         "env.num_envs": 64,
         "ppo.num_minibatches": 4,
         "ppo.schedule": "adaptive",
+        "ppo.lr": 2e-5,
+        "ppo.lr_min": 2e-5,
         "policy.obs_clip": 10.0,
         "policy.init_std": 1.0,
         "run.total_steps": 2_000_000,
