@@ -126,8 +126,8 @@ class PoolEngine:
         self.model = model
         self.num_envs = num_envs
         self.nthread = nthread or default_threads()
-        # numba starts its whole pool for every parallel region unless told otherwise: at
-        # fewer chunks than pool threads the idle ones only spin, on cores others need
+        # numba starts its whole pool for every parallel region unless told how many
+        # threads to use: with fewer chunks than pool threads the rest would only wake
         self._pool_threads = max(1, min(self.nthread, numba.config.NUMBA_NUM_THREADS))
         # one chunk runs on the calling thread: no parallel region, no pool thread woken
         serial = self._serial = self.nthread == 1

@@ -28,7 +28,9 @@ from numba.np.ufunc import parallel as _numba_parallel
 # sleeps when idle. It must not be entered from two threads at once, hence LAUNCH,
 # held around every parallel kernel. A layer the user chose (NUMBA_THREADING_LAYER), or
 # one already started, is left as it is.
-if numba.config.THREADING_LAYER == "default" and not _numba_parallel._is_initialized:
+# a private flag: a numba without it counts as not started (setting the layer late is inert)
+_started = getattr(_numba_parallel, "_is_initialized", False)
+if numba.config.THREADING_LAYER == "default" and not _started:
     numba.config.THREADING_LAYER = "workqueue"
 LAUNCH = threading.Lock()
 
@@ -121,7 +123,7 @@ def _gather_serial(addrs, nbytes, out):  # pragma: no cover
 
 
 # Each kernel twice: on numba's pool, and serially on the calling thread for one chunk,
-# where a parallel region would only wake (or keep spinning) threads with nothing to do.
+# where a parallel region would only wake threads that have nothing to do.
 # prange is range in the serial compilation, so both run the same calls in the same order.
 _parallel = njit(parallel=True, nogil=True)
 _serial = njit(nogil=True)

@@ -381,6 +381,7 @@ class PolicyNode(PolicyLifecycleNode):
         values.update({f"safety.{k}": str(v) for k, v in counters.items()})
         return values
 
+
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=sys.argv if argv is None else argv)
     spin(PolicyNode())

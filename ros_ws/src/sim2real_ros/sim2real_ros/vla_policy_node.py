@@ -308,6 +308,7 @@ class VLAPolicyNode(PolicyLifecycleNode):
         values.update({f"safety.{k}": str(v) for k, v in c.safety.counters.items()})
         return values
 
+
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=sys.argv if argv is None else argv)
     spin(VLAPolicyNode())
