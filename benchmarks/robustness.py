@@ -42,13 +42,21 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="horizon of each episode")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shifts", type=json.loads, default=None, help="JSON: shift -> levels")
+    p.add_argument(
+        "--task-args",
+        type=json.loads,
+        default=None,
+        help="JSON task options over the policies' own, e.g. '{\"command_vx\": [0.5, 0.5]}'",
+    )
     p.add_argument("--out-dir", default="docs/figures")
     a = p.parse_args()
     sources = list(dict.fromkeys([*a.policies, a.reference]))
     results = {}
     for source in sources:
         t0 = time.perf_counter()
-        result = robustness_matrix(source, a.shifts, a.episodes, a.seconds, a.seed)
+        result = robustness_matrix(
+            source, a.shifts, a.episodes, a.seconds, a.seed, task_args=a.task_args
+        )
         result["wall_seconds"] = time.perf_counter() - t0
         result["machine"] = f"{platform.node()} ({platform.processor() or platform.machine()})"
         name = _name(source)

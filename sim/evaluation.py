@@ -37,6 +37,10 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
     length = np.zeros(n, dtype=np.int64)
     fell = np.zeros(n, dtype=bool)
     extras: dict[str, list[float]] = {}
+    # constraint name -> per env, the steps that violated it (tasks that declare
+    # constraints report info["cstr_<name>"] > 0 when violated; training.constraints)
+    violated: dict[str, np.ndarray] = {}
+    any_violated = np.zeros(n, dtype=np.int64)
     reset_mask = torch.ones(n, dtype=torch.bool, device=env.device)
     limit = max_steps or env.max_episode_steps + 1
     lo = torch.as_tensor(env.action_spec.low, dtype=torch.float32, device=env.device)
@@ -54,6 +58,13 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
         for k in ("lin_vel_error", "ang_vel_error"):
             if k in info:
                 extras.setdefault(k, []).extend(info[k].cpu().numpy()[live[:]].tolist())
+        step_any = np.zeros(n, dtype=bool)
+        for k, v in info.items():
+            if k.startswith("cstr_"):
+                hit = (v.cpu().numpy() > 0) & live
+                violated.setdefault(k.removeprefix("cstr_"), np.zeros(n, np.int64))[hit] += 1
+                step_any |= hit
+        any_violated += step_any
         term = terminated.cpu().numpy()
         fell |= term & live
         ended = term | truncated.cpu().numpy()
@@ -78,4 +89,10 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
     }
     for k, v in extras.items():
         out[f"{k}_mean"] = float(np.mean(v))
+    if violated:
+        # share of the episodes' steps that violate each constraint, and any of them
+        steps = max(int(length[sel].sum()), 1)
+        out["violation_rate"] = float(any_violated[sel].sum() / steps)
+        for name, count in violated.items():
+            out[f"violation_rate_{name}"] = float(count[sel].sum() / steps)
     return out

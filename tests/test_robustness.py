@@ -8,8 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sim.tasks.quadruped import CONSTRAINT_LIMITS
 from training.cli import main
-from training.robustness import SHIFTS, plot_matrix, robustness_matrix, write_matrix
+from training.robustness import (
+    SHIFTS,
+    evaluate_world,
+    plot_matrix,
+    robustness_matrix,
+    write_matrix,
+)
 
 DATA = Path(__file__).parent / "data"
 QUADRUPED = DATA / "quadruped_policy.onnx"
@@ -79,6 +86,34 @@ def test_terrain_row_puts_every_env_on_the_level(task, args):
 def test_bad_grid_is_a_clear_error(levels, message):
     with pytest.raises(ValueError, match=message):
         robustness_matrix(QUADRUPED, levels, episodes=1, seconds=0.1, progress=False)
+
+
+def test_one_world_with_a_fixed_command_reports_constraint_violations():
+    standing = {"command_vx": [0, 0], "command_vy": [0, 0], "command_yaw": [0, 0]}
+    stand = evaluate_world(QUADRUPED, episodes=2, seconds=2.0, task_args=standing)
+    walk = evaluate_world(
+        QUADRUPED, episodes=2, seconds=2.0, task_args={**standing, "command_vx": [1, 1]}
+    )
+    assert stand["task"] == "quadruped" and stand["seconds"] == pytest.approx(2.0)
+    per = {k: v for k, v in stand.items() if k.startswith("violation_rate_")}
+    assert set(per) == {f"violation_rate_{n}" for n in CONSTRAINT_LIMITS}
+    assert max(per.values()) <= stand["violation_rate"] <= min(1.0, sum(per.values()))
+    # the override reached the env: asked to stand, the policy tracks zero better than
+    # it tracks 1 m/s from a standstill
+    assert stand["lin_vel_error_mean"] < walk["lin_vel_error_mean"]
+    randomized = evaluate_world(
+        QUADRUPED, episodes=2, seconds=2.0, task_args=standing, training_world=True
+    )
+    assert randomized["returns"] != stand["returns"]
+
+
+@pytest.mark.parametrize(
+    "task_args, message",
+    [("vx=1", "task_args must map"), ({"no_such_option": 1}, "no_such_option")],
+)
+def test_bad_task_args_are_named(task_args, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        evaluate_world(QUADRUPED, episodes=1, seconds=0.1, task_args=task_args)
 
 
 def test_default_levels_start_at_the_nominal_world():

@@ -45,6 +45,7 @@ __all__ = [
     "ROUGH_VARIANTS",
     "SHIFTS",
     "Shift",
+    "evaluate_world",
     "format_matrix",
     "plot_matrix",
     "robustness_matrix",
@@ -210,12 +211,14 @@ class _Policy:
         extra_args: Mapping[str, Any],
         s2r: Mapping[str, Any] | None,
         max_steps: int | None,
+        training_world: bool = False,
     ) -> dict[str, Any]:
         """Statistics in ``task`` with the policy's task options and ``extra_args`` over
         them; ``s2r``: sim-to-real settings over the nominal ones (None: the nominal
-        model)."""
+        model, or with ``training_world`` the task's own training randomization)."""
         task_args = {**self.task_args, **extra_args}
         settings = None if s2r is None else {**NOMINAL_S2R, **s2r}
+        randomize = settings is not None or training_world
         if self.onnx:
             from deploy.sim2sim import evaluate_onnx
 
@@ -225,7 +228,7 @@ class _Policy:
                 task=task,
                 episodes=self.episodes,
                 seed=self.seed,
-                randomize=settings is not None,
+                randomize=randomize,
                 counters=counters,
                 task_args=task_args,
                 s2r=settings,
@@ -240,7 +243,7 @@ class _Policy:
             task=task,
             task_args=task_args,
             s2r=dict(settings or {}),
-            randomize=settings is not None,
+            randomize=randomize,
         )
         return evaluate_policy(
             self.loaded.policy,
@@ -248,12 +251,56 @@ class _Policy:
             self.loaded.kind.family,
             self.episodes,
             self.seed,
-            settings is not None,
+            randomize,
             max_steps=max_steps,
         )
 
 
 # ---------------------------------------------------------------------- the matrix
+def _policy(
+    source: str | os.PathLike,
+    episodes: int,
+    seconds: float | None,
+    seed: int,
+    task_args: Mapping[str, Any] | None,
+) -> tuple[_Policy, int | None]:
+    """The policy with ``task_args`` over its own, and the step limit of ``seconds``."""
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"seconds must be a finite number > 0 or None, got {seconds!r}")
+    if task_args is not None and not isinstance(task_args, Mapping):
+        raise ValueError(f"task_args must map task options to values, got {task_args!r}")
+    policy = _Policy(source, episodes, seed)
+    policy.task_args.update(task_args or {})
+    max_steps = None if seconds is None else max(1, round(seconds / policy.dt))
+    if max_steps is not None and policy.max_episode_steps:
+        max_steps = min(max_steps, policy.max_episode_steps)
+    return policy, max_steps
+
+
+def evaluate_world(
+    source: str | os.PathLike,
+    episodes: int = 16,
+    seconds: float | None = 10.0,
+    seed: int = 0,
+    task_args: Mapping[str, Any] | None = None,
+    training_world: bool = False,
+) -> dict[str, Any]:
+    """Episode statistics of ``source`` in one world: the nominal model, or with
+    ``training_world`` the task's own training randomization, noise, latency and pushes.
+    The statistics of sim.evaluation (returns, falls, tracking errors, the share of steps
+    that violate each declared constraint) with ``task`` and ``seconds``."""
+    if not (isinstance(episodes, int) and episodes >= 1):
+        raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
+    policy, max_steps = _policy(source, episodes, seconds, seed, task_args)
+    stats = policy.evaluate(policy.task, {}, None, max_steps, training_world=training_world)
+    return {
+        "source": str(source),
+        "task": policy.task,
+        "seconds": None if max_steps is None else max_steps * policy.dt,
+        **stats,
+    }
+
+
 def _check_levels(levels: Mapping[str, Sequence[float]] | None) -> dict[str, tuple[float, ...]]:
     if levels is None:
         return {name: s.levels for name, s in SHIFTS.items()}
@@ -282,25 +329,23 @@ def robustness_matrix(
     seconds: float | None = 10.0,
     seed: int = 0,
     progress: bool = True,
+    task_args: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The matrix of ``source`` (run directory, checkpoint or .onnx).
 
     ``levels``: shift name -> its levels, for the rows wanted (default: every shift of
     :data:`SHIFTS` at its default levels). ``seconds``: the episodes' horizon (None: the
-    task's whole episode). Returns a JSON-able dict: the policy, ``rows`` (per shift its
-    cells: level, fall_rate, success_rate, tracking_error, return_mean, ood), ``skipped``
-    (shift -> why) and ``ood_fall_rate``, the mean fall rate over the out-of-distribution
-    cells.
+    task's whole episode). ``task_args``: task options over the policy's own in every
+    cell, e.g. a fixed command ``{"command_vx": [0.5, 0.5]}``. Returns a JSON-able dict:
+    the policy, ``rows`` (per shift its cells: level, fall_rate, success_rate,
+    tracking_error, return_mean, violation_rate where the task declares constraints,
+    ood), ``skipped`` (shift -> why) and ``ood_fall_rate``, the mean fall rate over the
+    out-of-distribution cells.
     """
     if not (isinstance(episodes, int) and episodes >= 1):
         raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
-    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"seconds must be a finite number > 0 or None, got {seconds!r}")
     grid = _check_levels(levels)
-    policy = _Policy(source, episodes, seed)
-    max_steps = None if seconds is None else max(1, round(seconds / policy.dt))
-    if max_steps is not None and policy.max_episode_steps:
-        max_steps = min(max_steps, policy.max_episode_steps)
+    policy, max_steps = _policy(source, episodes, seconds, seed, task_args)
     noise = policy.training_noise()
     rows, skipped = [], {}
     total = sum(len(v) for v in grid.values())
@@ -339,6 +384,7 @@ def robustness_matrix(
                     "tracking_error": stats.get("lin_vel_error_mean", float("nan")),
                     "return_mean": stats["return_mean"],
                     "length_mean": stats["length_mean"],
+                    "violation_rate": stats.get("violation_rate", float("nan")),
                     "ood": v != shift.nominal,
                 }
             )
