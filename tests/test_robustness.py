@@ -127,6 +127,16 @@ def test_eval_stress_command(tmp_path, capsys):
     assert main([*args, "--shifts", '{"friction": [1, 0.3]}', "--plot", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["rows"][0]["shift"] == "friction" and out.exists()
+    fixed = '{"command_vx": [0.5, 0.5], "command_vy": [0, 0], "command_yaw": [0, 0]}'
+    assert main([*args, "--shifts", '{"push": [0]}', "--task-args", fixed, "--json"]) == 0
+    still = '{"command_vx": [0, 0], "command_vy": [0, 0], "command_yaw": [0, 0]}'
+    assert main([*args, "--shifts", '{"push": [0]}', "--task-args", still, "--json"]) == 0
+    walk, stand = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    # from a standstill, 0.5 m/s asked is tracked worse than standing
+    assert (
+        walk["rows"][0]["cells"][0]["tracking_error"]
+        > stand["rows"][0]["cells"][0]["tracking_error"]
+    )
     assert main([*args, "--randomize"]) == 2
     assert "--stress sets the world" in capsys.readouterr().err
     assert main(["eval", str(QUADRUPED), "--plot", str(out)]) == 2

@@ -622,15 +622,20 @@ def _eval_stress(a: argparse.Namespace) -> int:
         "--task": a.task,
         "--randomize": a.randomize,
         "--s2r": a.s2r,
-        "--task-args": a.task_args,
         "--video": a.video,
     }
     given = [flag for flag, value in options.items() if value]
     if given:
         raise ValueError(f"--stress sets the world of every cell itself; drop {', '.join(given)}")
     seconds = 10.0 if a.seconds is None else a.seconds
+    # task options (e.g. a fixed command) apply in every cell, over the policy's own
     result = robustness_matrix(
-        a.source, a.shifts, episodes=a.episodes, seconds=seconds, seed=a.seed
+        a.source,
+        a.shifts,
+        episodes=a.episodes,
+        seconds=seconds,
+        seed=a.seed,
+        task_args=a.task_args,
     )
     if a.plot:
         result["plot"] = str(plot_matrix(result, a.plot))
