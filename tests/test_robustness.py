@@ -141,3 +141,11 @@ def test_eval_stress_command(tmp_path, capsys):
     assert "--stress sets the world" in capsys.readouterr().err
     assert main(["eval", str(QUADRUPED), "--plot", str(out)]) == 2
     assert "only apply with --stress" in capsys.readouterr().err
+
+
+def test_eval_prints_tracking_and_constraint_violations(capsys):
+    assert main(["eval", str(QUADRUPED), "--episodes", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tracking error:" in out and "m/s linear" in out
+    line = next(x for x in out.splitlines() if x.startswith("constraints violated in"))
+    assert all(name in line for name in CONSTRAINT_LIMITS)

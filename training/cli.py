@@ -571,6 +571,18 @@ def cmd_eval(args: argparse.Namespace, rest: list[str]) -> int:
             f"length {stats['length_mean']:.1f} ± {stats['length_std']:.1f} over "
             f"{stats['episodes']} episodes (deterministic policy)"
         )
+        if "lin_vel_error_mean" in stats:
+            print(
+                f"tracking error: {stats['lin_vel_error_mean']:.3f} m/s linear, "
+                f"{stats.get('ang_vel_error_mean', float('nan')):.3f} rad/s yaw"
+            )
+        if "violation_rate" in stats:
+            per = ", ".join(
+                f"{k.removeprefix('violation_rate_')} {v:.2%}"
+                for k, v in stats.items()
+                if k.startswith("violation_rate_")
+            )
+            print(f"constraints violated in {stats['violation_rate']:.2%} of steps ({per})")
         if "video" in stats:
             print(f"video of the first episode: {stats['video']} ({stats['video_frames']} frames)")
         if safety:
