@@ -55,7 +55,7 @@ def evaluate(act: ActFn, env, episodes: int, max_steps: int | None = None) -> di
         live = ~done
         ret[live] += reward.cpu().numpy().astype(np.float64)[live]
         length[live] += 1
-        for k in ("lin_vel_error", "ang_vel_error"):
+        for k in ("lin_vel_error", "ang_vel_error", "base_vx"):
             if k in info:
                 extras.setdefault(k, []).extend(info[k].cpu().numpy()[live[:]].tolist())
         step_any = np.zeros(n, dtype=bool)

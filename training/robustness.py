@@ -338,8 +338,8 @@ def robustness_matrix(
     task's whole episode). ``task_args``: task options over the policy's own in every
     cell, e.g. a fixed command ``{"command_vx": [0.5, 0.5]}``. Returns a JSON-able dict:
     the policy, ``rows`` (per shift its cells: level, fall_rate, success_rate,
-    tracking_error, return_mean, violation_rate where the task declares constraints,
-    ood), ``skipped`` (shift -> why) and ``ood_fall_rate``, the mean fall rate over the
+    tracking_error, forward_speed (body frame, m/s), return_mean, violation_rate where the
+    task declares constraints, ood), ``skipped`` (shift -> why) and ``ood_fall_rate``, the mean fall rate over the
     out-of-distribution cells.
     """
     if not (isinstance(episodes, int) and episodes >= 1):
@@ -382,6 +382,7 @@ def robustness_matrix(
                     "fall_rate": fall,
                     "success_rate": 1.0 - fall,
                     "tracking_error": stats.get("lin_vel_error_mean", float("nan")),
+                    "forward_speed": stats.get("base_vx_mean", float("nan")),
                     "return_mean": stats["return_mean"],
                     "length_mean": stats["length_mean"],
                     "violation_rate": stats.get("violation_rate", float("nan")),

@@ -639,6 +639,9 @@ class Quadruped(TerrainGround, MujocoVecEnv):
             reward = np.maximum(reward, 0.0)
         extras["lin_vel_error"] = np.sqrt(lin_err2)
         extras["ang_vel_error"] = np.sqrt(yaw_err2)
+        # forward speed in the body frame: with a fixed forward command, how fast the robot
+        # really walks (a policy that stands still on rough ground falls no more)
+        extras["base_vx"] = base["lin_vel"][:, 0].copy()
         extras.update(self._constraint_violations(base, qpos, jvel, tau, short_step))
         if self.command_curriculum:
             self._tracking_sum += terms["tracking_lin_vel"]
