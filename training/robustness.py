@@ -265,6 +265,8 @@ def _policy(
     task_args: Mapping[str, Any] | None,
 ) -> tuple[_Policy, int | None]:
     """The policy with ``task_args`` over its own, and the step limit of ``seconds``."""
+    if not (isinstance(episodes, int) and episodes >= 1):
+        raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"seconds must be a finite number > 0 or None, got {seconds!r}")
     if task_args is not None and not isinstance(task_args, Mapping):
@@ -289,8 +291,6 @@ def evaluate_world(
     ``training_world`` the task's own training randomization, noise, latency and pushes.
     The statistics of sim.evaluation (returns, falls, tracking errors, the share of steps
     that violate each declared constraint) with ``task`` and ``seconds``."""
-    if not (isinstance(episodes, int) and episodes >= 1):
-        raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     policy, max_steps = _policy(source, episodes, seconds, seed, task_args)
     stats = policy.evaluate(policy.task, {}, None, max_steps, training_world=training_world)
     return {
@@ -339,11 +339,9 @@ def robustness_matrix(
     cell, e.g. a fixed command ``{"command_vx": [0.5, 0.5]}``. Returns a JSON-able dict:
     the policy, ``rows`` (per shift its cells: level, fall_rate, success_rate,
     tracking_error, forward_speed (body frame, m/s), return_mean, violation_rate where the
-    task declares constraints, ood), ``skipped`` (shift -> why) and ``ood_fall_rate``, the mean fall rate over the
-    out-of-distribution cells.
+    task declares constraints, ood), ``skipped`` (shift -> why) and ``ood_fall_rate``,
+    the mean fall rate over the out-of-distribution cells.
     """
-    if not (isinstance(episodes, int) and episodes >= 1):
-        raise ValueError(f"episodes must be an integer >= 1, got {episodes!r}")
     grid = _check_levels(levels)
     policy, max_steps = _policy(source, episodes, seconds, seed, task_args)
     noise = policy.training_noise()
