@@ -15,22 +15,42 @@ the server, and `use_standin_assets()` points Isaac Lab at it:
   `cart_to_pole` (about y, unlimited), the joint and body names Isaac Lab's cartpole
   tasks address. Masses and sizes are a plausible cart-pole, not NVIDIA's file: a policy
   trained on the stand-in is not one for the original asset.
+- `Sim2real/Robots/Quadruped/quadruped.usd`: not a stand-in but the project's own robot,
+  the 12-joint quadruped of `sim/assets/quadruped.xml` (the `quadruped` task), for the
+  Isaac Lab velocity task `sim.isaac_quadruped` defines. Everything in it is read from the
+  compiled MJCF (`quadruped_model`), so the two cannot drift apart: a floating base, the
+  links with the MJCF's masses, centres of mass and principal inertias, revolute joints
+  on the MJCF's axes and ranges with angular drives (the MJCF's position actuators: kp,
+  kv, force limit), and the MJCF's collision geoms (trunk box, thigh and calf capsules,
+  foot spheres on the calves) as collision shapes. Bodies are laid out flat under the
+  articulation root, as Isaac Lab's imported robots are (its contact sensors address
+  `Robot/<body>`). Left out: the visual-only geoms (motor housings, head) and the MJCF's
+  contact parameters; the joints' armature, friction and passive damping travel in the
+  task's actuator config (UsdPhysics has no attributes for them).
 
 Nothing here imports Isaac Lab, so the files can be written (and checked) before its
 asset paths are computed, which happens when `isaaclab.utils.assets` is first imported.
+The quadruped's file needs `mujoco` to compile the MJCF (both venvs have it).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 __all__ = [
     "ASSET_ROOT_VARIABLE",
     "CARTPOLE_JOINTS",
+    "QUADRUPED",
     "STANDIN_FILES",
+    "QuadrupedModel",
     "default_cache_dir",
+    "quadruped_model",
+    "quadruped_usd",
     "use_standin_assets",
     "write_standin_assets",
 ]
@@ -42,7 +62,10 @@ GROUND = (
     "Isaac/IsaacLab/Environments/Grid/default_ground_plane_checker_v1/default_ground_plane.usda"
 )
 CARTPOLE = "Isaac/IsaacLab/Robots/Classic/Cartpole/cartpole.usd"
-STANDIN_FILES = (GROUND, CARTPOLE)
+# the project's own robot, outside NVIDIA's layout: found whatever the asset root
+QUADRUPED = "Sim2real/Robots/Quadruped/quadruped.usd"
+QUADRUPED_MJCF = Path(__file__).resolve().parent / "assets" / "quadruped.xml"
+STANDIN_FILES = (GROUND, CARTPOLE, QUADRUPED)
 CARTPOLE_JOINTS = ("slider_to_cart", "cart_to_pole")
 
 
@@ -68,7 +91,7 @@ def write_standin_assets(root: str | Path | None = None) -> Path:
     renamed, so that concurrent writers (parallel tests) never read half a file."""
     _pxr()  # before any folder is made: without pxr, nothing is written
     root = Path(root) if root is not None else default_cache_dir()
-    writers = {GROUND: _write_ground, CARTPOLE: _write_cartpole}
+    writers = {GROUND: _write_ground, CARTPOLE: _write_cartpole, QUADRUPED: _write_quadruped}
     for rel in STANDIN_FILES:
         path = root / rel
         if path.is_file():
@@ -83,6 +106,13 @@ def write_standin_assets(root: str | Path | None = None) -> Path:
             if os.path.exists(tmp):
                 os.remove(tmp)
     return root
+
+
+def quadruped_usd() -> Path:
+    """The quadruped's USD file in the default cache, written if missing. Isaac Lab's
+    task config names it by this path rather than under the asset root, so that the
+    task builds with the user's own `ISAACSIM_ASSET_ROOT` too."""
+    return write_standin_assets() / QUADRUPED
 
 
 def use_standin_assets(root: str | Path | None = None) -> Path:
@@ -187,3 +217,230 @@ def _frames(joint, pos0, pos1) -> None:
     joint.CreateLocalPos1Attr(Gf.Vec3f(*pos1))
     joint.CreateLocalRot0Attr(Gf.Quatf(1.0, 0.0, 0.0, 0.0))
     joint.CreateLocalRot1Attr(Gf.Quatf(1.0, 0.0, 0.0, 0.0))
+
+
+# ------------------------------------------------------------------ the quadruped
+
+
+@dataclass(frozen=True)
+class Link:
+    """A rigid body: its frame in the base's frame at the zero joint pose (flat layout),
+    its frame in its parent's (the joint frame), and its inertia about its centre of
+    mass along the principal axes `inertia_quat` (w, x, y, z, in the body's frame)."""
+
+    name: str
+    parent: str | None
+    pos: tuple[float, float, float]
+    quat: tuple[float, float, float, float]
+    local_pos: tuple[float, float, float]
+    local_quat: tuple[float, float, float, float]
+    mass: float
+    com: tuple[float, float, float]
+    inertia: tuple[float, float, float]
+    inertia_quat: tuple[float, float, float, float]
+
+
+@dataclass(frozen=True)
+class Joint:
+    """A revolute joint at its child's origin, about the child's `axis` ("X", "Y" or
+    "Z"), with its range (rad), its position actuator (kp N m/rad, kd N m s/rad, force
+    limit N m), armature (kg m^2), friction (N m), passive damping (N m s/rad) and
+    standing angle (rad)."""
+
+    name: str
+    parent: str
+    child: str
+    axis: str
+    lower: float
+    upper: float
+    kp: float
+    kd: float
+    effort: float
+    armature: float
+    friction: float
+    damping: float
+    default: float
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A collision geom: "box" (size: half extents), "capsule" (radius, half length of
+    the segment, along its local z) or "sphere" (radius), posed in its body's frame."""
+
+    name: str
+    body: str
+    kind: str
+    pos: tuple[float, float, float]
+    quat: tuple[float, float, float, float]
+    size: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class QuadrupedModel:
+    """What the quadruped's USD is written from, read from the compiled MJCF."""
+
+    links: tuple[Link, ...]
+    joints: tuple[Joint, ...]
+    shapes: tuple[Shape, ...]
+    standing_height: float  # the base's height in the MJCF's "home" keyframe, m
+
+
+_AXES = {(1.0, 0.0, 0.0): "X", (0.0, 1.0, 0.0): "Y", (0.0, 0.0, 1.0): "Z"}
+
+
+def _t(a) -> tuple[float, ...]:
+    return tuple(float(x) for x in a)
+
+
+def quadruped_model(xml: str | Path = QUADRUPED_MJCF) -> QuadrupedModel:
+    """Compile the quadruped's MJCF and read what its USD needs. Raises ValueError for
+    what the USD writer cannot express (a joint off its body's origin or off a body
+    axis, a joint other than the free base and hinges, a joint without one actuator)."""
+    import mujoco
+
+    m = mujoco.MjModel.from_xml_path(str(xml))
+    d = mujoco.MjData(m)
+    # the zero joint pose, the base at the origin: the frames the USD bodies sit in
+    d.qpos[:] = 0.0
+    d.qpos[3] = 1.0
+    mujoco.mj_kinematics(m, d)
+
+    def name(kind, i: int) -> str:
+        return mujoco.mj_id2name(m, kind, i)
+
+    free = [j for j in range(m.njnt) if m.jnt_type[j] == mujoco.mjtJoint.mjJNT_FREE]
+    if len(free) != 1 or m.jnt_bodyid[free[0]] != 1:
+        raise ValueError(f"{xml}: the first body must be the floating base (one free joint)")
+    links = []
+    for b in range(1, m.nbody):
+        parent = int(m.body_parentid[b])
+        links.append(Link(
+            name=name(mujoco.mjtObj.mjOBJ_BODY, b),
+            parent=name(mujoco.mjtObj.mjOBJ_BODY, parent) if parent else None,
+            pos=_t(d.xpos[b]), quat=_t(d.xquat[b]),
+            local_pos=_t(m.body_pos[b]), local_quat=_t(m.body_quat[b]),
+            mass=float(m.body_mass[b]), com=_t(m.body_ipos[b]),
+            inertia=_t(m.body_inertia[b]), inertia_quat=_t(m.body_iquat[b]),
+        ))  # fmt: skip
+
+    actuated = {}
+    for a in range(m.nu):
+        if m.actuator_trntype[a] != mujoco.mjtTrn.mjTRN_JOINT:
+            raise ValueError(
+                f"{xml}: actuator {name(mujoco.mjtObj.mjOBJ_ACTUATOR, a)} drives no joint"
+            )
+        actuated[int(m.actuator_trnid[a, 0])] = a
+    key = m.key_qpos[mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_KEY, "home")]
+    joints = []
+    for j in range(m.njnt):
+        if j == free[0]:
+            continue
+        jname = name(mujoco.mjtObj.mjOBJ_JOINT, j)
+        axis = _AXES.get(_t(np.round(m.jnt_axis[j], 12)))
+        if m.jnt_type[j] != mujoco.mjtJoint.mjJNT_HINGE or axis is None:
+            raise ValueError(f"{xml}: joint {jname} must be a hinge about a body axis")
+        if np.any(m.jnt_pos[j] != 0):
+            raise ValueError(f"{xml}: joint {jname} must sit at its body's origin")
+        if j not in actuated:
+            raise ValueError(f"{xml}: joint {jname} has no actuator")
+        a, dof, body = actuated[j], int(m.jnt_dofadr[j]), int(m.jnt_bodyid[j])
+        force = np.abs(m.actuator_forcerange[a]).max() if m.actuator_forcelimited[a] else np.inf
+        joints.append(Joint(
+            name=jname,
+            parent=name(mujoco.mjtObj.mjOBJ_BODY, int(m.body_parentid[body])),
+            child=name(mujoco.mjtObj.mjOBJ_BODY, body),
+            axis=axis,
+            lower=float(m.jnt_range[j, 0]), upper=float(m.jnt_range[j, 1]),
+            kp=float(m.actuator_gainprm[a, 0]), kd=float(-m.actuator_biasprm[a, 2]),
+            effort=float(force),
+            armature=float(m.dof_armature[dof]), friction=float(m.dof_frictionloss[dof]),
+            damping=float(m.dof_damping[dof]),
+            default=float(key[m.jnt_qposadr[j]]),
+        ))  # fmt: skip
+
+    kinds = {
+        int(mujoco.mjtGeom.mjGEOM_BOX): ("box", 3),
+        int(mujoco.mjtGeom.mjGEOM_CAPSULE): ("capsule", 2),
+        int(mujoco.mjtGeom.mjGEOM_SPHERE): ("sphere", 1),
+    }
+    shapes = []
+    for g in range(m.ngeom):
+        # the robot's colliders: bodies past the world, contype or conaffinity set
+        if m.geom_bodyid[g] == 0 or not (m.geom_contype[g] or m.geom_conaffinity[g]):
+            continue
+        gname = name(mujoco.mjtObj.mjOBJ_GEOM, g) or f"geom{g}"
+        if int(m.geom_type[g]) not in kinds:
+            raise ValueError(f"{xml}: collision geom {gname} is not a box, capsule or sphere")
+        kind, n = kinds[int(m.geom_type[g])]
+        shapes.append(Shape(
+            name=gname, body=name(mujoco.mjtObj.mjOBJ_BODY, int(m.geom_bodyid[g])), kind=kind,
+            pos=_t(m.geom_pos[g]), quat=_t(m.geom_quat[g]), size=_t(m.geom_size[g][:n]),
+        ))  # fmt: skip
+    return QuadrupedModel(tuple(links), tuple(joints), tuple(shapes), float(key[2]))
+
+
+def _write_quadruped(path: str) -> None:
+    Gf, Sdf, Usd, UsdGeom, UsdPhysics = _pxr()
+    model = quadruped_model()
+    stage = _new_stage(path, "quadruped")
+    root = stage.GetPrimAtPath("/quadruped")
+    # a floating base: no joint to the world, the articulation root above the bodies
+    UsdPhysics.ArticulationRootAPI.Apply(root)
+
+    def quat(q) -> Gf.Quatf:
+        return Gf.Quatf(float(q[0]), Gf.Vec3f(*map(float, q[1:])))
+
+    for link in model.links:
+        xform = UsdGeom.Xform.Define(stage, f"/quadruped/{link.name}")
+        xform.AddTranslateOp().Set(Gf.Vec3d(*link.pos))
+        xform.AddOrientOp().Set(quat(link.quat))
+        prim = xform.GetPrim()
+        UsdPhysics.RigidBodyAPI.Apply(prim)
+        mass = UsdPhysics.MassAPI.Apply(prim)
+        mass.CreateMassAttr(link.mass)
+        mass.CreateCenterOfMassAttr(Gf.Vec3f(*link.com))
+        mass.CreateDiagonalInertiaAttr(Gf.Vec3f(*link.inertia))
+        mass.CreatePrincipalAxesAttr(quat(link.inertia_quat))
+    for shape in model.shapes:
+        where = f"/quadruped/{shape.body}/{shape.name}"
+        if shape.kind == "box":
+            geom = UsdGeom.Cube.Define(stage, where)
+            geom.CreateSizeAttr(1.0)
+        elif shape.kind == "capsule":
+            geom = UsdGeom.Capsule.Define(stage, where)
+            geom.CreateAxisAttr(UsdGeom.Tokens.z)
+            geom.CreateRadiusAttr(shape.size[0])
+            geom.CreateHeightAttr(2.0 * shape.size[1])
+        else:
+            geom = UsdGeom.Sphere.Define(stage, where)
+            geom.CreateRadiusAttr(shape.size[0])
+        ops = UsdGeom.Xformable(geom)
+        ops.AddTranslateOp().Set(Gf.Vec3d(*shape.pos))
+        ops.AddOrientOp().Set(quat(shape.quat))
+        if shape.kind == "box":
+            ops.AddScaleOp().Set(Gf.Vec3f(*(2.0 * s for s in shape.size)))
+        # the body's mass is authored: its colliders add none
+        UsdPhysics.CollisionAPI.Apply(geom.GetPrim())
+
+    by_name = {link.name: link for link in model.links}
+    UsdGeom.Scope.Define(stage, "/quadruped/joints")
+    for joint in model.joints:
+        child = by_name[joint.child]
+        hinge = UsdPhysics.RevoluteJoint.Define(stage, f"/quadruped/joints/{joint.name}")
+        hinge.CreateBody0Rel().SetTargets([Sdf.Path(f"/quadruped/{joint.parent}")])
+        hinge.CreateBody1Rel().SetTargets([Sdf.Path(f"/quadruped/{joint.child}")])
+        hinge.CreateAxisAttr(joint.axis)
+        # UsdPhysics measures revolute limits, and angular drive gains, in degrees
+        hinge.CreateLowerLimitAttr(float(np.degrees(joint.lower)))
+        hinge.CreateUpperLimitAttr(float(np.degrees(joint.upper)))
+        hinge.CreateLocalPos0Attr(Gf.Vec3f(*child.local_pos))
+        hinge.CreateLocalRot0Attr(quat(child.local_quat))
+        hinge.CreateLocalPos1Attr(Gf.Vec3f(0.0, 0.0, 0.0))
+        hinge.CreateLocalRot1Attr(Gf.Quatf(1.0, 0.0, 0.0, 0.0))
+        drive = UsdPhysics.DriveAPI.Apply(hinge.GetPrim(), "angular")
+        drive.CreateTypeAttr("force")
+        drive.CreateStiffnessAttr(float(np.radians(joint.kp)))
+        drive.CreateDampingAttr(float(np.radians(joint.kd)))
+        drive.CreateMaxForceAttr(joint.effort)
+        drive.CreateTargetPositionAttr(float(np.degrees(joint.default)))
+    stage.GetRootLayer().Export(path)

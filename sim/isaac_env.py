@@ -21,6 +21,9 @@ How the env is built, and why:
   (`sim.isaac_assets`: a ground plane and a cart-pole) into a local cache and points Isaac
   Lab there, so that nothing downloads at run time. Tasks whose assets have no stand-in
   need the user's asset root.
+- **Our quadruped.** `Isaac-Velocity-Flat-Sim2real-Quadruped` is Isaac Lab's flat
+  velocity-tracking task with the project's quadruped, from its MJCF
+  (`sim.isaac_quadruped`, registered here when Isaac Lab is imported).
 - **Groups.** Isaac Lab calls the policy's observation group "policy" and the privileged
   one "critic", as we do.
 
@@ -71,8 +74,12 @@ def _import_isaaclab():
         from isaaclab.utils import assets
         from isaaclab_rl.rsl_rl import RslRlVecEnvWrapper
         from isaaclab_tasks.utils.hydra import resolve_task_config
+
+        # the project's own Isaac Lab task (our quadruped), beside Isaac Lab's
+        from sim.isaac_quadruped import register
     except ImportError as e:
         raise _missing(e) from e
+    register()
     if assets.NUCLEUS_ASSET_ROOT_DIR != os.environ["ISAACSIM_ASSET_ROOT"].rstrip("/\\"):
         raise RuntimeError(
             f"Isaac Lab was imported before sim.isaac_env set its asset root: it reads assets "
