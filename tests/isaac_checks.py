@@ -14,6 +14,12 @@ Measures, and writes as JSON into OUT_DIR/checks.json for the test to assert on:
 - PPO trains through our runner, saves, resumes, exports;
 - the ONNX file's metadata, its parity with the torch policy, and sim2sim's return of the
   file against the checkpoint's evaluation on the same seed.
+
+And the same for the project's own Isaac Lab task, Isaac Lab's flat velocity task with our
+quadruped (sim/isaac_quadruped.py): the USD written from the MJCF read back with pxr;
+the env built through our adapter at 4 envs, what Isaac Lab read from the USD (bodies,
+joints, masses, the bodies its contact terms address), the robot description, standing
+still and speed; same seed, same trajectory; PPO, resume, export, parity, sim2sim.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from external_checks import train_export_sim2sim  # beside this script
 TASK = "Isaac-Cartpole"
 # past the 300-step time-out, with env 2 pushed off its rail (a termination)
 N, STEPS = 4, 320
+QUADRUPED_TASK = "Isaac-Velocity-Flat-Sim2real-Quadruped"
+# control steps of the quadruped standing (zero actions) and of the repeat check
+STAND, REPEAT = 50, 20
 
 
 def _register() -> bool:
@@ -63,10 +72,10 @@ def standin_assets(tmp: Path) -> dict:
     """What the stand-in writer puts where Isaac Lab looks, read back with pxr."""
     from pxr import Usd, UsdGeom, UsdPhysics
 
-    from sim.isaac_assets import CARTPOLE, GROUND, write_standin_assets
+    from sim.isaac_assets import CARTPOLE, GROUND, STANDIN_FILES, write_standin_assets
 
     root = write_standin_assets(tmp / "assets")
-    stamps = {rel: (root / rel).stat().st_mtime_ns for rel in (CARTPOLE, GROUND)}
+    stamps = {rel: (root / rel).stat().st_mtime_ns for rel in STANDIN_FILES}
     write_standin_assets(tmp / "assets")  # a second call finds them and writes nothing
     rewritten = [rel for rel, t in stamps.items() if (root / rel).stat().st_mtime_ns != t]
     cart = Usd.Stage.Open(str(root / CARTPOLE))
@@ -84,6 +93,124 @@ def standin_assets(tmp: Path) -> dict:
         "collision_planes": planes,
         "rewritten": rewritten,
     }
+
+
+def quadruped_asset(tmp: Path) -> dict:
+    """The quadruped's USD as written, read back with pxr, beside what it was written
+    from (sim.isaac_assets.quadruped_model, the compiled MJCF)."""
+    from pxr import Usd, UsdGeom, UsdPhysics
+
+    from sim.isaac_assets import QUADRUPED, quadruped_model, write_standin_assets
+
+    stage = Usd.Stage.Open(str(write_standin_assets(tmp / "assets") / QUADRUPED))
+    root = stage.GetDefaultPrim()
+    bodies, joints, shapes = {}, {}, {}
+    for p in stage.Traverse():
+        if p.HasAPI(UsdPhysics.RigidBodyAPI):
+            mass = UsdPhysics.MassAPI(p)
+            bodies[p.GetName()] = {
+                "parent": p.GetParent().GetName(),
+                "mass": mass.GetMassAttr().Get(),
+                "inertia": list(mass.GetDiagonalInertiaAttr().Get()),
+            }
+        elif p.IsA(UsdPhysics.RevoluteJoint):
+            j = UsdPhysics.RevoluteJoint(p)
+            drive = UsdPhysics.DriveAPI(p, "angular")
+            joints[p.GetName()] = {
+                "body0": str(j.GetBody0Rel().GetTargets()[0].name),
+                "body1": str(j.GetBody1Rel().GetTargets()[0].name),
+                "axis": j.GetAxisAttr().Get(),
+                "limits_deg": [j.GetLowerLimitAttr().Get(), j.GetUpperLimitAttr().Get()],
+                "stiffness_per_deg": drive.GetStiffnessAttr().Get(),
+                "max_force": drive.GetMaxForceAttr().Get(),
+            }
+        elif p.IsA(UsdPhysics.Joint):
+            joints[p.GetName()] = {"type": p.GetTypeName()}
+        elif p.IsA(UsdGeom.Gprim) and p.HasAPI(UsdPhysics.CollisionAPI):
+            shapes[p.GetName()] = {"body": p.GetParent().GetName(), "type": p.GetTypeName()}
+    model = quadruped_model()
+    return {
+        "articulation_root": root.HasAPI(UsdPhysics.ArticulationRootAPI),
+        "root_name": root.GetName(),
+        "bodies": bodies,
+        "joints": joints,
+        "shapes": shapes,
+        "model_links": [link.name for link in model.links],
+        "model_joints": [j.name for j in model.joints],
+        "model_mass": sum(link.mass for link in model.links),
+    }
+
+
+def quadruped_env() -> dict:
+    """Our quadruped in Isaac Lab's velocity task through our adapter, 4 envs."""
+    import sim
+
+    t0 = time.perf_counter()
+    env = sim.make(f"isaac:{QUADRUPED_TASK}", N, seed=5)
+    build = time.perf_counter() - t0
+    base = env.env.unwrapped
+    robot = base.scene["robot"]
+    contacts = base.scene["contact_forces"]
+    rewards, terms = base.reward_manager, base.termination_manager
+
+    def sensed(cfg) -> list[str]:
+        # the contact sensor's bodies a term's SceneEntityCfg resolved to
+        return [contacts.sensor_names[i] for i in cfg.params["sensor_cfg"].body_ids]
+
+    masses = robot.data.body_mass.torch[0].cpu().tolist()
+    out = {
+        "build_s": build,
+        "robot": env.robot.to_dict(),
+        "obs_terms": [[t.name, t.size] for t in env.observation_spec.policy.terms],
+        "action_joints": list(env.action_spec.joint_names),
+        "max_episode_steps": env.max_episode_steps,
+        "dt": env.dt,
+        "body_names": list(robot.body_names),
+        "joint_names": list(robot.joint_names),
+        "body_mass": dict(zip(robot.body_names, masses, strict=True)),
+        "armature": robot.data.joint_armature.torch[0].cpu().tolist(),
+        "friction": robot.data.joint_friction_coeff.torch[0].cpu().tolist(),
+        "viscous_friction": robot.data.joint_viscous_friction_coeff.torch[0].cpu().tolist(),
+        "contact_sensors": list(contacts.sensor_names),
+        "feet_air_time_bodies": sensed(rewards.get_term_cfg("feet_air_time")),
+        "undesired_contact_bodies": sensed(rewards.get_term_cfg("undesired_contacts")),
+        "base_contact_bodies": sensed(terms.get_term_cfg("base_contact")),
+    }
+    # standing: zero actions hold the default pose under PD; the trunk stays up
+    env.reset(seed=5)
+    zeros = torch.zeros(N, 12)
+    env.step(zeros)  # the first step after a build compiles nothing, but measure after it
+    ends = 0
+    t0 = time.perf_counter()
+    for _ in range(STAND):
+        _, _, term, trunc, _ = env.step(zeros)
+        ends += int((term | trunc).sum())
+    out["steps_per_s"] = STAND * N / (time.perf_counter() - t0)
+    out["stand_ends"] = ends
+    out["stand_base_height"] = robot.data.root_pos_w.torch[:, 2].cpu().tolist()
+    out["stand_joint_err"] = float(
+        (robot.data.joint_pos.torch - robot.data.default_joint_pos.torch).abs().max()
+    )
+    env.close()
+
+    # same seed, same actions, twice: the same trajectory
+    actions = torch.randn(REPEAT, N, 12, generator=torch.Generator().manual_seed(2))
+    runs = []
+    for _ in range(2):
+        env = sim.make(f"isaac:{QUADRUPED_TASK}", N, seed=7)
+        obs = [env.reset(seed=7)["policy"].clone()]
+        rew = []
+        for a in actions:
+            o, r, _, _, _ = env.step(a)
+            obs.append(o["policy"].clone())
+            rew.append(r.clone())
+        env.close()
+        runs.append((torch.stack(obs), torch.stack(rew)))
+    (o1, r1), (o2, r2) = runs
+    out["repeat_obs_max_diff"] = float((o1 - o2).abs().max())
+    out["repeat_reward_max_diff"] = float((r1 - r2).abs().max())
+    out["repeat_obs_std"] = float(o1.std())
+    return out
 
 
 def unknown_task() -> str:
@@ -189,6 +316,11 @@ def main() -> None:
         "unknown_task": unknown_task(),
     }
     result["training"] = train_export_sim2sim(f"isaac:{TASK}", out, 16)
+    result["quadruped_asset"] = quadruped_asset(out / "quadruped")
+    result["quadruped"] = quadruped_env()
+    result["quadruped_training"] = train_export_sim2sim(
+        f"isaac:{QUADRUPED_TASK}", out / "quadruped", 8
+    )
     (out / "checks.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
 
