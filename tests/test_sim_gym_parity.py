@@ -25,6 +25,17 @@ PAIRS = [
     ("humanoid", "Humanoid-v5"),
     ("cartpole", "InvertedPendulum-v5"),
 ]
+# Gymnasium's own options that leave observation terms out, as our tasks take them too
+HUMANOID_SMALL_OBS = {
+    "include_cinert_in_observation": False,
+    "include_cvel_in_observation": False,
+    "include_qfrc_actuator_in_observation": False,
+    "include_cfrc_ext_in_observation": False,
+}
+OPTION_PAIRS = [
+    ("humanoid", "Humanoid-v5", HUMANOID_SMALL_OBS),
+    ("humanoid", "Humanoid-v5", {"include_cinert_in_observation": False}),
+]
 STEPS = 300
 # per-step numbers Gymnasium reports in `info` that our env reports too
 INFO_KEYS = (
@@ -43,10 +54,14 @@ def _close(ours, theirs, what):
     )
 
 
-@pytest.mark.parametrize("task,gym_id", PAIRS, ids=[p[0] for p in PAIRS])
-def test_matches_gymnasium_v5(task, gym_id):
-    env = sim.make(task, num_envs=3, seed=0, dtype=torch.float64)
-    genv = gymnasium.make(gym_id, disable_env_checker=True)
+@pytest.mark.parametrize(
+    "task,gym_id,options",
+    [(*p, {}) for p in PAIRS] + OPTION_PAIRS,
+    ids=[p[0] for p in PAIRS] + [f"{p[0]}-{'-'.join(sorted(p[2]))}" for p in OPTION_PAIRS],
+)
+def test_matches_gymnasium_v5(task, gym_id, options):
+    env = sim.make(task, num_envs=3, seed=0, dtype=torch.float64, **options)
+    genv = gymnasium.make(gym_id, disable_env_checker=True, **options)
     g = genv.unwrapped
     assert env.observation_spec.policy.size == genv.observation_space.shape[0]
     assert env.action_spec.size == genv.action_space.shape[0]

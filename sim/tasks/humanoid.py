@@ -7,6 +7,11 @@ rows left out. `cfrc_ext` needs `mj_rnePostConstraint` after each step, as
 Gymnasium runs it (`rne_post = True`). After a reset Gymnasium only runs
 `mj_forward` on freshly zeroed data, so its first observation has all contact
 forces zero; freshly reset envs here observe zeros too.
+
+Gymnasium's `include_*_in_observation` options leave the last four terms out of the
+policy's observation, as v5 does. `privileged_critic=True` gives the critic its own
+group with every v5 term, so a policy that reads only what a robot can measure (joint
+positions and velocities) still trains against a critic that sees the contact forces.
 """
 
 from __future__ import annotations
@@ -31,7 +36,28 @@ class Humanoid(GymTask):
     healthy_z_range = (1.0, 2.0)
     reset_noise_scale = 1e-2
 
-    def __init__(self, *args, **kwargs):
+    def __init__(
+        self,
+        *args,
+        include_cinert_in_observation: bool = True,
+        include_cvel_in_observation: bool = True,
+        include_qfrc_actuator_in_observation: bool = True,
+        include_cfrc_ext_in_observation: bool = True,
+        privileged_critic: bool = False,
+        **kwargs,
+    ):
+        included = {
+            "cinert": include_cinert_in_observation,
+            "cvel": include_cvel_in_observation,
+            "qfrc_actuator": include_qfrc_actuator_in_observation,
+            "cfrc_ext": include_cfrc_ext_in_observation,
+        }
+        for term, flag in [*included.items(), ("privileged_critic", privileged_critic)]:
+            if not isinstance(flag, bool):
+                name = term if term == "privileged_critic" else f"include_{term}_in_observation"
+                raise ValueError(f"humanoid: {name} must be true or false, got {flag!r}")
+        self._policy_terms = {"qpos", "qvel"} | {t for t, on in included.items() if on}
+        self._privileged_critic = privileged_critic
         super().__init__(*args, **kwargs)
         self._fresh = np.zeros(self.num_envs, dtype=bool)  # reset since the last step
         self._mass = self.model.body_mass.copy()
@@ -39,28 +65,33 @@ class Humanoid(GymTask):
     def _task_obs_terms(self):
         m = self.model
         b = m.nbody - 1
-        return {
-            "policy": [
-                ("qpos", m.nq - 2),
-                ("qvel", m.nv),
-                ("cinert", b * 10),
-                ("cvel", b * 6),
-                ("qfrc_actuator", m.nv - 6),
-                ("cfrc_ext", b * 6),
-            ]
-        }
+        every = [
+            ("qpos", m.nq - 2),
+            ("qvel", m.nv),
+            ("cinert", b * 10),
+            ("cvel", b * 6),
+            ("qfrc_actuator", m.nv - 6),
+            ("cfrc_ext", b * 6),
+        ]
+        groups = {"policy": [(t, k) for t, k in every if t in self._policy_terms]}
+        if self._privileged_critic:
+            groups["critic"] = every
+        return groups
 
     def _task_obs(self):
         n, get = self.num_envs, self.engine.get
-        cfrc_ext = get("cfrc_ext")[:, 1:].reshape(n, -1)
-        return {
-            "qpos": get("qpos")[:, 2:],
-            "qvel": get("qvel"),
-            "cinert": get("cinert")[:, 1:].reshape(n, -1),
-            "cvel": get("cvel")[:, 1:].reshape(n, -1),
-            "qfrc_actuator": get("qfrc_actuator")[:, 6:],
-            "cfrc_ext": np.where(self._fresh[:, None], 0.0, cfrc_ext),
-        }
+        wanted = self._policy_terms if not self._privileged_critic else None
+        terms = {"qpos": get("qpos")[:, 2:], "qvel": get("qvel")}
+        if wanted is None or "cinert" in wanted:
+            terms["cinert"] = get("cinert")[:, 1:].reshape(n, -1)
+        if wanted is None or "cvel" in wanted:
+            terms["cvel"] = get("cvel")[:, 1:].reshape(n, -1)
+        if wanted is None or "qfrc_actuator" in wanted:
+            terms["qfrc_actuator"] = get("qfrc_actuator")[:, 6:]
+        if wanted is None or "cfrc_ext" in wanted:
+            cfrc_ext = get("cfrc_ext")[:, 1:].reshape(n, -1)
+            terms["cfrc_ext"] = np.where(self._fresh[:, None], 0.0, cfrc_ext)
+        return terms
 
     def mass_center(self) -> np.ndarray:
         """(num_envs, 2): x, y of the center of mass, as v5's `mass_center`."""
