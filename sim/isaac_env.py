@@ -139,6 +139,16 @@ def make_isaac_env(
     gym, launch_simulation, RslRlVecEnvWrapper, resolve_task_config = _import_isaaclab()
     known = [k for k in gym.registry if k.startswith(PREFIX)]
     task_id = isaac_task_id(name, known)
+    from isaaclab.sim import SimulationContext
+
+    if SimulationContext.instance() is not None:
+        # checked before the launch context opens: closing a failed second launch would
+        # end the open env's simulation too
+        raise RuntimeError(
+            f"isaac:{name}: another Isaac Lab env is open in this process, and Isaac Lab "
+            "holds one simulation per process: close it (env.close()) before building "
+            "this one"
+        )
     # overrides=[] rather than None: None makes Isaac Lab parse this process's argv
     cfg, agent_cfg = resolve_task_config(
         task_id, AGENT_ENTRY_POINT, play_mode=play, overrides=list(overrides)

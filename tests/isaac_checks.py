@@ -191,6 +191,13 @@ def quadruped_env() -> dict:
     out["stand_joint_err"] = float(
         (robot.data.joint_pos.torch - robot.data.default_joint_pos.torch).abs().max()
     )
+    # a second Isaac env while one is open: Isaac Lab holds one simulation per process
+    try:
+        sim.make(f"isaac:{TASK}", 1)
+        out["second_env_error"] = "no error"
+    except RuntimeError as e:
+        out["second_env_error"] = str(e)
+    out["still_steps"] = bool(torch.isfinite(env.step(zeros)[1]).all())
     env.close()
 
     # same seed, same actions, twice: the same trajectory

@@ -176,6 +176,8 @@ def test_our_quadruped_stands_in_isaac_labs_velocity_task(checks):
     assert q["stand_ends"] == 0
     assert all(0.25 < h < 0.4 for h in q["stand_base_height"])
     assert q["stand_joint_err"] < 0.4
+    # a second Isaac env in the process is refused by name, and the open one steps on
+    assert "one simulation per process" in q["second_env_error"] and q["still_steps"]
     # same seed, same actions: the same trajectory, and one with content
     assert q["repeat_obs_max_diff"] == 0.0 and q["repeat_reward_max_diff"] == 0.0
     assert q["repeat_obs_std"] > 0.1
