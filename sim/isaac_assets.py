@@ -15,18 +15,20 @@ the server, and `use_standin_assets()` points Isaac Lab at it:
   `cart_to_pole` (about y, unlimited), the joint and body names Isaac Lab's cartpole
   tasks address. Masses and sizes are a plausible cart-pole, not NVIDIA's file: a policy
   trained on the stand-in is not one for the original asset.
-- `Sim2real/Robots/Quadruped/quadruped.usd`: not a stand-in but the project's own robot,
-  the 12-joint quadruped of `sim/assets/quadruped.xml` (the `quadruped` task), for the
-  Isaac Lab velocity task `sim.isaac_quadruped` defines. Everything in it is read from the
-  compiled MJCF (`quadruped_model`), so the two cannot drift apart: a floating base, the
-  links with the MJCF's masses, centres of mass and principal inertias, revolute joints
-  on the MJCF's axes and ranges with angular drives (the MJCF's position actuators: kp,
-  kv, force limit), and the MJCF's collision geoms (trunk box, thigh and calf capsules,
-  foot spheres on the calves) as collision shapes. Bodies are laid out flat under the
-  articulation root, as Isaac Lab's imported robots are (its contact sensors address
-  `Robot/<body>`). Left out: the visual-only geoms (motor housings, head) and the MJCF's
-  contact parameters; the joints' armature, friction and passive damping travel in the
-  task's actuator config (UsdPhysics has no attributes for them).
+- `Sim2real/Robots/Quadruped/quadruped-<digest>.usd`: not a stand-in but the project's
+  own robot, the 12-joint quadruped of `sim/assets/quadruped.xml` (the `quadruped`
+  task), for the Isaac Lab velocity task `sim.isaac_quadruped` defines. Everything in it
+  is read from the compiled MJCF (`quadruped_model`), so the two cannot drift apart: a
+  floating base, the links with the MJCF's masses, centres of mass and principal
+  inertias, revolute joints on the MJCF's axes and ranges with angular drives (the
+  MJCF's position actuators: kp, kv, force limit), and the MJCF's collision geoms (trunk
+  box, thigh and calf capsules, foot spheres on the calves) as collision shapes. Bodies
+  are laid out flat under the articulation root, as Isaac Lab's imported robots are (its
+  contact sensors address `Robot/<body>`). The file's name carries a digest of the MJCF,
+  so that an edited MJCF is written anew rather than read from an old cache. Left out:
+  the visual-only geoms (motor housings, head) and the MJCF's contact parameters; the
+  joints' armature, friction and passive damping travel in the task's actuator config
+  (UsdPhysics has no attributes for them).
 
 Nothing here imports Isaac Lab, so the files can be written (and checked) before its
 asset paths are computed, which happens when `isaaclab.utils.assets` is first imported.
@@ -35,6 +37,7 @@ The quadruped's file needs `mujoco` to compile the MJCF (both venvs have it).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -49,6 +52,7 @@ __all__ = [
     "STANDIN_FILES",
     "QuadrupedModel",
     "default_cache_dir",
+    "quadruped_file",
     "quadruped_model",
     "quadruped_usd",
     "use_standin_assets",
@@ -62,9 +66,18 @@ GROUND = (
     "Isaac/IsaacLab/Environments/Grid/default_ground_plane_checker_v1/default_ground_plane.usda"
 )
 CARTPOLE = "Isaac/IsaacLab/Robots/Classic/Cartpole/cartpole.usd"
-# the project's own robot, outside NVIDIA's layout: found whatever the asset root
-QUADRUPED = "Sim2real/Robots/Quadruped/quadruped.usd"
 QUADRUPED_MJCF = Path(__file__).resolve().parent / "assets" / "quadruped.xml"
+
+
+def quadruped_file(xml: str | Path = QUADRUPED_MJCF) -> str:
+    """The quadruped's USD path under the cache root, named by a digest of its MJCF: the
+    cache's version covers the writers, the digest the robot they write from."""
+    digest = hashlib.sha256(Path(xml).read_bytes()).hexdigest()[:12]
+    return f"Sim2real/Robots/Quadruped/quadruped-{digest}.usd"
+
+
+# the project's own robot, outside NVIDIA's layout (the task names it by path)
+QUADRUPED = quadruped_file()
 STANDIN_FILES = (GROUND, CARTPOLE, QUADRUPED)
 CARTPOLE_JOINTS = ("slider_to_cart", "cart_to_pole")
 

@@ -305,6 +305,16 @@ def test_the_quadrupeds_isaac_model_is_read_from_its_mjcf():
     assert [j.armature for j in model.joints] == pytest.approx([0.01, 0.01, 0.02] * 4)
 
 
+def test_an_edited_quadruped_mjcf_gets_a_new_usd_file(tmp_path):
+    from sim.isaac_assets import QUADRUPED, QUADRUPED_MJCF, quadruped_file
+
+    xml = tmp_path / "quadruped.xml"
+    xml.write_bytes(QUADRUPED_MJCF.read_bytes())
+    assert quadruped_file(xml) == QUADRUPED  # same robot, same cached file
+    xml.write_text(xml.read_text().replace('mass="5.0"', 'mass="5.5"'))
+    assert quadruped_file(xml) != QUADRUPED  # an edited robot is written anew
+
+
 _ROBOT = """<mujoco><worldbody><body name="base" pos="0 0 0.3"><freejoint/>
   <geom type="box" size="0.1 0.1 0.05"/>
   <body name="leg" pos="0.1 0 0">{joint}<geom type="{geom}" size="0.02 0.1"/></body>
