@@ -8,6 +8,7 @@ RslRlVecEnvWrapper (float episode limit, an extra image group, scalar logs).
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -67,9 +68,10 @@ class IsaacLike:
 
 
 register_external("rsl", _through_rsl_rl)
-register_external("isaaclike", lambda name, num_envs, seed=None, device="cpu", **kw: IsaacLike(
-    num_envs, seed, device, **kw
-))
+register_external(
+    "isaaclike",
+    lambda name, num_envs, seed=None, device="cpu", **kw: IsaacLike(num_envs, seed, device, **kw),
+)
 
 
 def test_a_task_through_rsl_rl_and_back_gives_what_it_gives_directly():
@@ -100,7 +102,9 @@ def test_a_task_through_rsl_rl_and_back_gives_what_it_gives_directly():
                 )
                 # the last observation the adapter has of an ended episode: the one
                 # before the step (rsl_rl's interface carries no final observation)
-                torch.testing.assert_close(infoe["final_obs"]["policy"][ended], prev["policy"][ended])
+                torch.testing.assert_close(
+                    infoe["final_obs"]["policy"][ended], prev["policy"][ended]
+                )
         assert ends > 0  # hopper falls under random actions: the episode path ran
     finally:
         direct.close(), ext.close()
@@ -295,3 +299,38 @@ def test_group_names_and_observation_terms_map_another_frameworks_groups():
         RslRlStyleEnv(
             ActorGroup(2), "x:A", group_names={"policy": "actor"}, obs_terms={"policy": [("p", 3)]}
         )
+
+
+class OneAtATime(IsaacLike):
+    """Refuses a second live instance, as Isaac Lab allows one simulation per process."""
+
+    live = 0
+
+    def __init__(self, *args, **kwargs):
+        if OneAtATime.live:
+            raise RuntimeError("a second env while one is open")
+        OneAtATime.live += 1
+        super().__init__(*args, **kwargs)
+
+    def close(self):
+        OneAtATime.live -= 1
+
+
+register_external(
+    "oneatatime",
+    lambda name, num_envs, seed=None, device="cpu", **kw: OneAtATime(num_envs, seed, device, **kw),
+)
+
+
+def test_train_closes_its_env_before_the_final_eval_and_export(tmp_path, capsys):
+    from training.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "ppo", "--task", "oneatatime:PointMass", "--steps", "400"]
+    args += ["--run-dir", str(run), "--export", "env.num_envs=4", "ppo.num_steps=50"]
+    args += ["run.video=false", "run.progress=false", "run.tensorboard=false"]
+    assert main(args) == 0, capsys.readouterr()
+    # the evaluation and the export each opened (and closed) an env of their own
+    assert OneAtATime.live == 0
+    assert "eval" in json.loads((run / "summary.json").read_text())
+    assert "exported:" in capsys.readouterr().out

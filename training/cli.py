@@ -365,6 +365,7 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
         from training.runner import OnPolicyRunner
 
         runner = OnPolicyRunner(cfg, run_dir, resume=a.resume)
+    closed = False
     try:
         summary = runner.train()
         main = getattr(runner, "is_main", True)
@@ -380,6 +381,10 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
         if summary["stopped_early"]:
             print(f"stopped; resume with: sim2real train {algo} --resume {run_dir}")
             return STOPPED
+        # evaluation, video and export build envs of their own: the training env closes
+        # first, since some simulators allow one per process (Isaac Lab)
+        runner.close()
+        closed = True
         if main and not a.no_artifacts:
             finish_run(runner, summary)
         if "eval_planner" in summary:  # world model: the planner beside the exported actor
@@ -390,7 +395,8 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
 
             print(f"exported: {export_run(run_dir)}")
     finally:
-        runner.close()
+        if not closed:
+            runner.close()
     return 0
 
 
