@@ -151,6 +151,23 @@ def test_config_overrides_parse_types():
         build_ppo_config("cartpole", ["run.video=maybe"])
 
 
+def test_overrides_that_are_valid_only_together_apply_in_any_order():
+    from training.config import apply_overrides
+    from training.train_configs import FPOTrainConfig
+
+    base = FPOTrainConfig()
+    assert (base.policy.horizon, base.policy.act_steps) == (4, 4)
+    # horizon=1 alone breaks act_steps <= horizon; it waits for act_steps=1
+    cfg = apply_overrides(base, ["policy.horizon=1", "policy.act_steps=1"])
+    assert (cfg.policy.horizon, cfg.policy.act_steps) == (1, 1)
+    # the last value of a field wins, whatever waited
+    cfg = apply_overrides(base, ["policy.horizon=1", "policy.act_steps=1", "policy.horizon=8"])
+    assert (cfg.policy.horizon, cfg.policy.act_steps) == (8, 1)
+    # no order makes it valid: the field's own error
+    with pytest.raises(ConfigError, match="act_steps must be <= horizon"):
+        apply_overrides(base, ["policy.horizon=1", "fpo.clip=0.1"])
+
+
 def test_task_args_reach_the_environment():
     cfg = build_ppo_config(
         "quadruped", ['env.task_args={"fixed_command": [0.5, 0, 0], "command_resample_s": 4}']

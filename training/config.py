@@ -254,9 +254,24 @@ def dump_config(cfg: Any) -> str:
 
 
 def apply_overrides(cfg: Any, overrides: list[str] | dict[str, Any]) -> Any:
+    """`cfg` with the overrides set, the last value of a field winning. Each field is
+    checked as it is set, so one that is valid only beside another (``policy.horizon=1``
+    needs ``policy.act_steps=1``) waits for the others and is set again after them; the
+    error of an override that no order makes valid is raised as it is."""
     items = overrides.items() if isinstance(overrides, dict) else [parse_override(o) for o in overrides]
-    for path, value in items:
-        cfg = set_field(cfg, path, value)
+    pending = list(dict(items).items())  # one entry per field, its last value
+    while pending:
+        failed: list[tuple[str, Any]] = []
+        first_error: ConfigError | None = None
+        for path, value in pending:
+            try:
+                cfg = set_field(cfg, path, value)
+            except ConfigError as e:
+                failed.append((path, value))
+                first_error = first_error or e
+        if first_error is not None and len(failed) == len(pending):
+            raise first_error
+        pending = failed
     return cfg
 
 
