@@ -130,3 +130,52 @@ def test_fine_tuning_beats_its_bc_start_on_cartpole(tmp_path, algo):
     assert main(argv) == 0
     tuned = load_policy(tmp_path / algo).evaluate(episodes=16, seed=1, deterministic=False)
     assert tuned["return_mean"] > 2 * bc["return_mean"] + 20, (bc["return_mean"], tuned)
+
+
+def test_an_action_range_keeps_a_first_quadruped_policy_on_its_feet(tmp_path):
+    """From scratch over the quadruped's wide bounds the untrained sampler flails and the
+    robot falls within a second; over policy.action_range=1 it stands, as a Gaussian
+    policy of std 1 does. The exported file maps its actions over the same range."""
+    import numpy as np
+
+    from deploy.runtime import OnnxPolicy
+    from training.export import export_run
+
+    falls = {}
+    for name, extra in (("bounds", []), ("range", ["policy.action_range=1"])):
+        over = QUIET + ["policy.act_steps=1", "policy.horizon=1", "env.num_envs=16"]
+        over += ["env.randomize=false", "env.threads=1", *extra]
+        runner = OnPolicyRunner(build_fpo_config("quadruped", over), tmp_path / name)
+        env, policy = runner.env, runner.policy
+        obs = env.reset(seed=1)
+        g = torch.Generator().manual_seed(0)
+        ended = torch.zeros(16, dtype=torch.bool)
+        with torch.no_grad():
+            for _ in range(50):  # 1 s of control, the sampler's own x0 ~ N(0, I)
+                x0 = torch.randn(16, 1, 12, generator=g)
+                actions = policy.sample(obs, noise=x0, stochastic=False).actions
+                obs, _, terminated, _, _ = env.step(actions.reshape(16, 12))
+                ended |= terminated
+        falls[name] = int(ended.sum())
+        if name == "range":
+            assert policy.action_low.tolist() == [-1.0] * 12
+            assert policy.action_high.tolist() == [1.0] * 12
+            runner.save()
+            onnx = OnnxPolicy(str(export_run(tmp_path / name)))
+            o = obs["policy"][:3]
+            x0 = torch.randn(3, 1, 12, generator=g)
+            got, _ = onnx.act_batch(o.numpy(), noise=x0.numpy())
+            with torch.no_grad():
+                want = policy.sample(o, noise=x0, stochastic=False).actions.reshape(3, 12)
+            np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+            assert np.abs(got).max() <= 1.0
+        runner.close()
+    assert falls["bounds"] >= 12 and falls["range"] == 0, falls
+
+
+def test_a_bad_action_range_is_named():
+    from policies.flow import FlowConfig
+
+    for bad in (0, -1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match=r"FlowConfig\.action_range must be a positive"):
+            FlowConfig(action_range=bad)

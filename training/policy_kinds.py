@@ -119,12 +119,16 @@ def _chunk_policy(cls: type) -> Callable[[Any, Any], torch.nn.Module]:
     """The builder of a chunked generative policy (diffusion, flow): same constructor."""
 
     def build(cfg: Any, env) -> torch.nn.Module:
+        low, high = env.action_spec.low, env.action_spec.high
+        r = cfg.policy.action_range
+        if r is not None:
+            low, high = np.full(env.action_spec.size, -r), np.full(env.action_spec.size, r)
         return cls(
             env.observation_spec.groups["policy"].size,
             env.action_spec.size,
             cfg.policy,
-            env.action_spec.low,
-            env.action_spec.high,
+            low,
+            high,
             critic_obs_size=_critic_size(env),
         )
 
