@@ -47,6 +47,14 @@ def _summary(stats: dict) -> dict:
     }
 
 
+def fewer_violations(cat_rate: float, plain_rate: float) -> float:
+    """How many times less often CaT's policies violate: inf when they never do and the
+    plain ones do (no bound), 1 when neither does."""
+    if cat_rate > 0:
+        return plain_rate / cat_rate
+    return math.inf if plain_rate > 0 else 1.0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,13 +93,14 @@ def main() -> None:
         }
         for g in results
     }
-    fewer = means["plain"]["violation_rate"] / max(means["cat"]["violation_rate"], 1e-12)
+    fewer = fewer_violations(means["cat"]["violation_rate"], means["plain"]["violation_rate"])
+    fewer_text = f"{fewer:.1f}x" if math.isfinite(fewer) else "without bound (none with CaT)"
     worse = means["cat"]["tracking_error"] / means["plain"]["tracking_error"] - 1.0
     print(
         f"\nmeans: CaT violations {means['cat']['violation_rate']:.2%}, tracking "
         f"{means['cat']['tracking_error']:.3f}; plain {means['plain']['violation_rate']:.2%}, "
         f"{means['plain']['tracking_error']:.3f}\n"
-        f"CaT violates {fewer:.1f}x less often (target >= 5x: "
+        f"CaT violates {fewer_text} less often (target >= 5x: "
         f"{'met' if fewer >= 5 else 'missed'}), tracking error {worse:+.1%} "
         f"(target <= +10%: {'met' if worse <= 0.10 else 'missed'})"
     )
@@ -104,7 +113,7 @@ def main() -> None:
         "machine": f"{platform.node()} ({platform.processor() or platform.machine()})",
         "results": results,
         "means": means,
-        "fewer_violations_x": fewer,
+        "fewer_violations_x": fewer if math.isfinite(fewer) else None,  # None: no bound
         "tracking_error_change": worse,
     }
     atomic_write(Path(a.out), json.dumps(out, indent=2))

@@ -148,3 +148,16 @@ def test_eval_prints_tracking_and_constraint_violations(capsys):
     assert "tracking error:" in out and "m/s linear" in out
     line = next(x for x in out.splitlines() if x.startswith("constraints violated in"))
     assert all(name in line for name in CONSTRAINT_LIMITS)
+
+
+def test_the_constraints_benchmark_ratio_has_no_bound_when_cat_never_violates():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "constraints.py"
+    spec = importlib.util.spec_from_file_location("bench_constraints", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.fewer_violations(0.01, 0.5) == pytest.approx(50.0)
+    assert bench.fewer_violations(0.0, 0.5) == float("inf")
+    assert bench.fewer_violations(0.0, 0.0) == 1.0
