@@ -212,7 +212,11 @@ def test_ppo_trains_our_quadruped_in_isaac_lab_resumes_and_exports(checks):
     assert meta["action_scale"] == [0.25] * 12
     assert [n for n, _ in meta["obs_terms"]][-1] == "actions"
     assert t["parity"] < 1e-5
-    assert t["eval_onnx"] == pytest.approx(t["eval_checkpoint"], rel=1e-5, abs=1e-6)
+    # the legged robot's contacts amplify float-level differences over 2 x 50 steps:
+    # the checkpoint with its weights scaled by 1 + 1e-6 noise moved its return from
+    # 0.69319 to 0.69191 (onnxruntime's: 0.69191), so the file and the checkpoint agree
+    # to a contact event, not to the bit (the cart-pole above agrees to 1e-5)
+    assert t["eval_onnx"] == pytest.approx(t["eval_checkpoint"], rel=1e-2)
 
 
 # ------------------------------------------------------------- in every venv
