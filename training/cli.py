@@ -365,38 +365,34 @@ def _train_sim(algo: str, a: argparse.Namespace) -> int:
         from training.runner import OnPolicyRunner
 
         runner = OnPolicyRunner(cfg, run_dir, resume=a.resume)
-    closed = False
     try:
         summary = runner.train()
-        main = getattr(runner, "is_main", True)
-        if main:
-            if algo == "bc":
-                done = f"{summary['updates']:,} updates"
-            else:
-                done = (
-                    f"{summary['env_steps']:,} env steps; training return {summary['return']:.2f} "
-                    f"(stochastic policy, mean of the last 100 episodes)"
-                )
-            print(f"{algo}: trained {done}; run dir {run_dir}")
-        if summary["stopped_early"]:
-            print(f"stopped; resume with: sim2real train {algo} --resume {run_dir}")
-            return STOPPED
+    finally:
         # evaluation, video and export build envs of their own: the training env closes
         # first, since some simulators allow one per process (Isaac Lab)
         runner.close()
-        closed = True
-        if main and not a.no_artifacts:
-            finish_run(runner, summary)
-        if "eval_planner" in summary:  # world model: the planner beside the exported actor
-            ev = summary["eval_planner"]
-            print(f"planner eval: return {ev['return_mean']:.2f} ± {ev['return_std']:.2f}")
-        if main and a.export:
-            from training.export import export_run
+    main = getattr(runner, "is_main", True)
+    if main:
+        if algo == "bc":
+            done = f"{summary['updates']:,} updates"
+        else:
+            done = (
+                f"{summary['env_steps']:,} env steps; training return {summary['return']:.2f} "
+                f"(stochastic policy, mean of the last 100 episodes)"
+            )
+        print(f"{algo}: trained {done}; run dir {run_dir}")
+    if summary["stopped_early"]:
+        print(f"stopped; resume with: sim2real train {algo} --resume {run_dir}")
+        return STOPPED
+    if main and not a.no_artifacts:
+        finish_run(runner, summary)
+    if "eval_planner" in summary:  # world model: the planner beside the exported actor
+        ev = summary["eval_planner"]
+        print(f"planner eval: return {ev['return_mean']:.2f} ± {ev['return_std']:.2f}")
+    if main and a.export:
+        from training.export import export_run
 
-            print(f"exported: {export_run(run_dir)}")
-    finally:
-        if not closed:
-            runner.close()
+        print(f"exported: {export_run(run_dir)}")
     return 0
 
 

@@ -46,17 +46,21 @@ class Humanoid(GymTask):
         privileged_critic: bool = False,
         **kwargs,
     ):
-        included = {
-            "cinert": include_cinert_in_observation,
-            "cvel": include_cvel_in_observation,
-            "qfrc_actuator": include_qfrc_actuator_in_observation,
-            "cfrc_ext": include_cfrc_ext_in_observation,
+        options = {
+            "include_cinert_in_observation": include_cinert_in_observation,
+            "include_cvel_in_observation": include_cvel_in_observation,
+            "include_qfrc_actuator_in_observation": include_qfrc_actuator_in_observation,
+            "include_cfrc_ext_in_observation": include_cfrc_ext_in_observation,
+            "privileged_critic": privileged_critic,
         }
-        for term, flag in [*included.items(), ("privileged_critic", privileged_critic)]:
+        for name, flag in options.items():
             if not isinstance(flag, bool):
-                name = term if term == "privileged_critic" else f"include_{term}_in_observation"
                 raise ValueError(f"humanoid: {name} must be true or false, got {flag!r}")
-        self._policy_terms = {"qpos", "qvel"} | {t for t, on in included.items() if on}
+        self._policy_terms = {"qpos", "qvel"} | {
+            name.removeprefix("include_").removesuffix("_in_observation")
+            for name, on in options.items()
+            if name.startswith("include_") and on
+        }
         self._privileged_critic = privileged_critic
         super().__init__(*args, **kwargs)
         self._fresh = np.zeros(self.num_envs, dtype=bool)  # reset since the last step
