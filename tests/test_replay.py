@@ -1,6 +1,7 @@
-"""The replay buffer of the world model: sequences stay inside one episode of one env,
-time-outs and terminations keep their own flags, and a saved buffer samples on as the
-original would."""
+"""The replay buffer of the world model: sequences follow one env, a mask ends them at
+their first episode's end, every transition starts sequences (an episode's last one
+too), time-outs and terminations keep their own flags, and a saved buffer samples on
+as the original would."""
 
 from __future__ import annotations
 
@@ -39,33 +40,38 @@ def _fill(buf: SequenceReplay, steps: int) -> None:
                 t_ep[e] += 1
 
 
-def test_sequences_never_cross_an_episode_boundary_and_flags_sit_at_the_end():
+def test_sequences_follow_one_env_and_mask_everything_after_an_episode_end():
     buf = SequenceReplay(capacity=300, num_envs=ENVS, obs_size=4, action_size=2, horizon=H)
     _fill(buf, 20)
-    batch = buf.sample(2000)
+    batch = buf.sample(4000)
     obs = batch["obs"]  # [H+1, B, 4]
-    assert obs.shape == (H + 1, 2000, 4) and batch["action"].shape == (H, 2000, 2)
-    assert batch["reward"].shape == batch["terminated"].shape == (H, 2000)
+    assert obs.shape == (H + 1, 4000, 4) and batch["action"].shape == (H, 4000, 2)
+    assert batch["reward"].shape == batch["terminated"].shape == batch["mask"].shape == (H, 4000)
     env, episode = obs[0, :, 0], obs[0, :, 1]
-    # one env, one episode, consecutive steps; the last next-observation may be an
-    # episode's true last observation (marked), never the next episode's reset one
+    # one env, consecutive steps of its own time
     assert (obs[:, :, 0] == env).all()
-    assert (obs[:-1, :, 1] == episode).all()
-    last_ep = obs[-1, :, 1]
-    assert ((last_ep == episode) | (last_ep == -1 - episode)).all()
     assert (obs[1:, :, 3] - obs[:-1, :, 3] == 1).all()
     ended = batch["terminated"] + batch["truncated"]
-    assert (ended[:-1] == 0).all(), "an episode ended inside a sequence"
-    assert ((last_ep < 0) == (ended[-1] > 0)).all()
-    # every end flag matches how that episode really ended
-    for i in torch.nonzero(ended[-1]).flatten().tolist():
-        e, step = int(env[i]), int(obs[-2, i, 3])
-        kind = ENDS[e][step]
-        assert batch["terminated"][-1, i] == (kind == "T")
-        assert batch["truncated"][-1, i] == (kind == "t")
-    # env 1's one-step episode (step 3) is too short for a sequence; the others are seen
-    assert {int(e) for e in env} == {0, 1, 2}
-    assert set(torch.nonzero(ended[-1]).flatten().tolist())  # episode ends are sampled
+    mask = batch["mask"]
+    for i in range(4000):
+        ends = torch.nonzero(ended[:, i]).flatten().tolist()
+        first = ends[0] if ends else H - 1
+        # the mask holds the first episode's transitions, its ending one included
+        assert mask[: first + 1, i].eq(1).all() and mask[first + 1 :, i].eq(0).all()
+        # inside the mask: the same episode; its end's next obs is the true last one
+        assert (obs[: first + 1, i, 1] == episode[i]).all()
+        if ends:
+            assert obs[first + 1, i, 1] == -1 - episode[i]
+            step = int(obs[first, i, 3])
+            kind = ENDS[int(env[i])][step]
+            assert batch["terminated"][first, i] == (kind == "T")
+            assert batch["truncated"][first, i] == (kind == "t")
+    # every transition starts sequences, an episode's last one too: env 1's one-step
+    # episode (step 3) and the terminations at steps 2 and 5 are sampled first
+    firsts = {(int(e), int(s)) for e, s in zip(env, obs[0, :, 3], strict=True)}
+    assert {(1, 2), (1, 3), (0, 5), (0, 11)} <= firsts
+    assert len(firsts) == ENVS * (20 - H + 1)  # uniform over every complete window
+    assert batch["terminated"][0].sum() > 0
 
 
 def test_a_full_ring_never_samples_across_its_write_position():
@@ -77,8 +83,9 @@ def test_a_full_ring_never_samples_across_its_write_position():
     steps = batch["obs"][:, :, 3]
     assert (steps[1:] - steps[:-1] == 1).all()
     assert (steps[0] >= 20 - 7).all()  # only what is still held
-    # starts 13..16 (windows up to step 19) of env 2, which never ends an episode
-    assert buf.valid[:, 2].sum() == 7 - H + 1
+    # starts 13..16 (windows up to step 19) of every env
+    assert buf.num_sequences == (7 - H + 1) * ENVS
+    assert set(steps[0].tolist()) == {13.0, 14.0, 15.0, 16.0}
 
 
 def test_state_dict_round_trip_samples_the_same_batches():
@@ -87,7 +94,6 @@ def test_state_dict_round_trip_samples_the_same_batches():
     a.sample(5)
     b = SequenceReplay(capacity=300, num_envs=ENVS, obs_size=4, action_size=2, horizon=H)
     b.load_state_dict(a.state_dict())
-    assert torch.equal(a.valid, b.valid)
     for _ in range(3):
         x, y = a.sample(64), b.sample(64)
         for k in x:

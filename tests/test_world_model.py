@@ -16,6 +16,7 @@ from training.algorithms.mppi import MPPIPlanner, PlannerConfig
 from training.algorithms.tdmpc import TDMPC, TDMPCConfig
 from training.cli import main
 from training.config import ConfigError
+from training.core import two_hot_decode
 from training.off_policy_runner import OffPolicyRunner
 from training.replay import SequenceReplay
 from training.train_configs import build_world_model_config
@@ -79,7 +80,7 @@ def test_world_model_losses_fall_on_a_fixed_replay_batch():
     learner = TDMPC(_model(), TDMPCConfig(batch_size=64, lr=1e-3))
     with torch.no_grad():
         _, before, _ = learner.losses(batch)
-    for _ in range(100):
+    for _ in range(500):  # termination, to be told from the state, takes ~300
         stats = learner.update(batch)
     with torch.no_grad():
         _, after, _ = learner.losses(batch)
@@ -115,6 +116,29 @@ def test_latent_rollout_shapes_and_td_targets_at_episode_ends():
             assert (td > edited["reward"] + 1).all()
         else:
             torch.testing.assert_close(td, edited["reward"])
+
+
+def test_q_learns_that_an_episode_ends_at_the_encoded_state_before_a_termination():
+    """Every TD target bootstraps from Q at an *encoded* next state, so Q must learn
+    the end of an episode there, not only on latents rolled through the dynamics.
+    With sequences kept inside one episode (the replay before 2026-12-05) an episode's
+    last transition only ever sat last in a sequence, and Q there stayed at half the
+    value of other states instead of near the terminal reward (2.4 against 4.6 after
+    1 200 updates on this data; hopper's Q sat near reward / (1 - gamma) everywhere)."""
+    buf = _cartpole_replay(200)
+    learner = TDMPC(_model(), TDMPCConfig(batch_size=64, lr=1e-3, gamma=0.9))
+    for _ in range(1200):
+        learner.update(buf.sample(64))
+    n, m = buf.size, learner.model
+    obs, act = buf.obs[:n].reshape(-1, 4), buf.action[:n].reshape(-1, 1)
+    term = buf.terminated[:n].reshape(-1)
+    with torch.no_grad():
+        logits = m.q_logits(m.encode(obs), act)
+    q = two_hot_decode(logits, m.cfg.vmin, m.cfg.vmax).mean(0)
+    terminal_reward = buf.reward[:n].reshape(-1)[term].mean()
+    assert term.float().mean() > 0.1  # short random episodes: many ends
+    assert (q[term].mean() - terminal_reward).abs() < 0.5, (q[term].mean(), terminal_reward)
+    assert q[term].mean() < 0.25 * q[~term].mean(), (q[term].mean(), q[~term].mean())
 
 
 def test_the_planner_masks_everything_after_a_predicted_termination():

@@ -1,19 +1,25 @@
 """The replay buffer of off-policy learners: transitions of a batched env, sampled as
-short sequences that stay inside one episode.
+short sequences, with a mask that ends each sequence where its first episode ends.
 
 A batched env steps all its envs at once, so the buffer is a ring of time slots, each
 holding one transition of every env: ``[slot, env]``. A sequence is ``horizon``
-consecutive transitions of one env; it is *valid* when all of them are in the buffer,
-in time order (it does not run across the ring's write position), and no episode ends
-before its last transition. So a sequence never spans a reset, and an episode's last
-transition can still end a sequence, with its true last observation (``info
-["final_obs"]``) as the next observation and its end flags kept apart: a time-out
-(``truncated``) bootstraps, a termination does not.
+consecutive transitions of one env, all in the buffer in time order (it does not run
+across the ring's write position). It may run past an episode's end: ``mask`` is 1 for
+the transitions of the episode the sequence starts in (up to and including the one that
+ends it) and 0 after, and the learner counts no loss where it is 0. So every transition
+starts as many sequences as any other, an episode's last one included, with its true
+last observation (``info["final_obs"]``) as the next observation and its end flags
+kept apart: a time-out (``truncated``) bootstraps, a termination does not.
 
-Which starts are valid is kept in a boolean map, refreshed only around the slot just
-written, so sampling costs the same whatever the buffer holds. Everything in the buffer,
-its sampling generator included, is in :meth:`state_dict`: a resumed run samples the
-same batches it would have sampled without the interruption.
+Why not keep sequences inside one episode: then an episode's last transition could only
+ever sit last in a sequence, where the world model sees it through a latent rolled
+``horizon - 1`` steps through its dynamics and weighs it ``rho**(horizon - 1)``. The Q
+function at the encoded latent, which every TD target bootstraps from, then never learns
+that an episode ends: on hopper (episodes of ~50 steps) it settled near
+``reward / (1 - gamma)`` at every state (docs/benchmarks_world_model.md).
+
+Everything in the buffer, its sampling generator included, is in :meth:`state_dict`: a
+resumed run samples the same batches it would have sampled without the interruption.
 """
 
 from __future__ import annotations
@@ -27,13 +33,14 @@ __all__ = ["ReplayError", "SequenceBatch", "SequenceReplay"]
 
 
 class ReplayError(RuntimeError):
-    """A replay buffer asked for what it cannot give (no valid sequence yet)."""
+    """A replay buffer asked for what it cannot give (no complete sequence yet)."""
 
 
 class SequenceBatch(dict):
     """``obs`` [H+1, B, O]: the observation before each transition, then the true one
-    after the last; ``action`` [H, B, A]; ``reward``, ``terminated``, ``truncated``
-    [H, B] (float flags)."""
+    after the last; ``action`` [H, B, A]; ``reward``, ``terminated``, ``truncated``,
+    ``mask`` [H, B] (float): mask is 1 for the transitions of the sequence's first
+    episode and 0 after its end (what follows belongs to the next episode)."""
 
 
 class SequenceReplay:
@@ -66,11 +73,9 @@ class SequenceReplay:
         self.reward = torch.zeros(*shape, **f32)
         self.terminated = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.truncated = torch.zeros(shape, dtype=torch.bool, device=self.device)
-        self.valid = torch.zeros(shape, dtype=torch.bool, device=self.device)
         self.pos = 0
         self.size = 0
         self.generator = torch.Generator().manual_seed(seed)
-        self._starts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         """Transitions held."""
@@ -78,7 +83,8 @@ class SequenceReplay:
 
     @property
     def num_sequences(self) -> int:
-        return int(self._valid_starts().numel())
+        """Distinct sequences a sample can draw from."""
+        return max(self.size - self.horizon + 1, 0) * self.num_envs
 
     def add(
         self,
@@ -100,46 +106,34 @@ class SequenceReplay:
         self.truncated[p] = truncated.bool()
         self.pos = (p + 1) % self.slots
         self.size = min(self.size + 1, self.slots)
-        # only the windows that hold slot p changed: the one it completes became
-        # valid, those it overwrote or that now run past the newest slot are not
-        starts = (p - torch.arange(self.horizon)) % self.slots
-        self.valid[starts] = self._window_valid(starts)
-        self._starts = None
-
-    def _window_valid(self, starts: torch.Tensor) -> torch.Tensor:
-        """[len(starts), num_envs]: whether the window from each start is a sequence."""
-        age = (self.pos - 1 - starts) % self.slots  # 0: the slot written last
-        inside = (age >= self.horizon - 1) & (age < self.size)
-        ok = inside[:, None].expand(-1, self.num_envs).clone()
-        done = self.terminated | self.truncated
-        for k in range(self.horizon - 1):  # an episode may end only at the last transition
-            ok &= ~done[(starts + k) % self.slots]
-        return ok
-
-    def _valid_starts(self) -> torch.Tensor:
-        if self._starts is None:
-            self._starts = self.valid.flatten().nonzero().squeeze(1)
-        return self._starts
 
     def sample(self, batch_size: int) -> SequenceBatch:
-        """``batch_size`` valid sequences drawn uniformly (with replacement)."""
-        starts = self._valid_starts()
-        if starts.numel() == 0:
+        """``batch_size`` sequences drawn uniformly (with replacement) among the
+        complete windows of every env."""
+        windows = self.size - self.horizon + 1
+        if windows < 1:
             raise ReplayError(
-                f"the replay buffer holds no sequence of {self.horizon} transitions within "
-                f"one episode yet ({len(self)} transitions)"
+                f"the replay buffer holds no sequence of {self.horizon} transitions yet "
+                f"({len(self)} transitions)"
             )
-        pick = torch.randint(starts.numel(), (batch_size,), generator=self.generator)
-        flat = starts[pick.to(starts.device)]
-        slot, env = flat // self.num_envs, flat % self.num_envs
-        t = (slot[None] + torch.arange(self.horizon, device=self.device)[:, None]) % self.slots
+        flat = torch.randint(windows * self.num_envs, (batch_size,), generator=self.generator)
+        flat = flat.to(self.device)
+        # age of the window's last slot: 0 is the slot written last
+        age, env = flat // self.num_envs, flat % self.num_envs
+        start = (self.pos - self.horizon - age) % self.slots
+        t = (start[None] + torch.arange(self.horizon, device=self.device)[:, None]) % self.slots
         e = env[None].expand_as(t)
+        terminated, truncated = self.terminated[t, e], self.truncated[t, e]
+        ended = (terminated | truncated).float()
+        # 1 up to and including the first end, 0 after it
+        mask = torch.cat([torch.ones_like(ended[:1]), 1 - ended[:-1]]).cumprod(0)
         return SequenceBatch(
             obs=torch.cat([self.obs[t[:1], e[:1]], self.next_obs[t, e]]),
             action=self.action[t, e],
             reward=self.reward[t, e],
-            terminated=self.terminated[t, e].float(),
-            truncated=self.truncated[t, e].float(),
+            terminated=terminated.float(),
+            truncated=truncated.float(),
+            mask=mask,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -173,6 +167,3 @@ class SequenceReplay:
             getattr(self, name)[:n] = state[name].to(self.device)
         self.pos, self.size = int(state["pos"]), n
         self.generator.set_state(state["generator"])
-        everything = torch.arange(self.slots)
-        self.valid[:] = self._window_valid(everything)
-        self._starts = None

@@ -11,7 +11,8 @@ makes two guarded steps (training.core.UpdateGuard):
    action)``, both as two-hot distributions in symlog space (training.core.twohot), and
    the termination head whether the episode terminated. A time-out bootstraps; a
    termination does not. Later steps of the rollout weigh ``rho**t`` less: their
-   latents carry the dynamics' compounding error.
+   latents carry the dynamics' compounding error. A sequence may run past its episode's
+   end (training.replay): the batch's ``mask`` drops every loss after it.
 2. The policy prior, on the (detached) latents: maximize the average of two random Qs
    of its own action, scaled by the running percentile range of Q
    (training.core.PercentileScale), with a small entropy bonus, so one coefficient
@@ -156,7 +157,7 @@ class TDMPC:
         """(total model loss, its parts, the rolled-out latents [H+1, B, Z])."""
         cfg, m = self.cfg, self.model
         obs, action, reward = batch["obs"], batch["action"], batch["reward"]
-        terminated = batch["terminated"]
+        terminated, mask = batch["terminated"], batch["mask"]
         h = action.shape[0]
         vmin, vmax = m.cfg.vmin, m.cfg.vmax
         with torch.no_grad():
@@ -164,23 +165,27 @@ class TDMPC:
         td = self.td_target(batch, next_z)
         z = m.encode(obs[0])
         zs = [z]
-        consistency = z.new_zeros(())
-        w = self._weights(h, z)
         for t in range(h):
             z = m.next(z, action[t])
-            consistency = consistency + w[t] * (z - next_z[t]).square().mean()
             zs.append(z)
         latents = torch.stack(zs)
+        w = self._weights(h, z)
+
+        def weighted(per_step: torch.Tensor) -> torch.Tensor:
+            # [H, B] -> scalar: steps after the episode's end count nothing
+            return ((per_step * mask).mean(1) * w).sum() / h
+
+        consistency = (latents[1:] - next_z).square().mean(-1)
         reward_ce = two_hot_loss(m.reward_logits(latents[:-1], action), reward, vmin, vmax)
         q_ce = two_hot_loss(m.q_logits(latents[:-1], action), td.unsqueeze(0), vmin, vmax)
         term_bce = F.binary_cross_entropy_with_logits(
             m.termination_logit(latents[1:]), terminated, reduction="none"
         )
         parts = {
-            "consistency": consistency / h,
-            "reward": (reward_ce.mean(1) * w).sum() / h,
-            "value": (q_ce.mean((0, 2)) * w).sum() / h,
-            "termination": (term_bce.mean(1) * w).sum() / h,
+            "consistency": weighted(consistency),
+            "reward": weighted(reward_ce),
+            "value": weighted(q_ce.mean(0)),
+            "termination": weighted(term_bce),
         }
         total = (
             cfg.consistency_coef * parts["consistency"]
@@ -190,9 +195,12 @@ class TDMPC:
         )
         return total, parts, latents
 
-    def actor_loss(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def actor_loss(
+        self, latents: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(policy-prior loss, mean Q) on detached latents [T, B, Z]; the Q ensemble
-        passes gradient to the action only."""
+        passes gradient to the action only. ``mask`` [T, B]: 1 where the latent is a
+        state of the sequence's first episode (no action is chosen after its end)."""
         m = self.model
         a, log_prob, _ = m.pi(latents)
         m.q.requires_grad_(False)
@@ -201,9 +209,12 @@ class TDMPC:
         finally:
             m.q.requires_grad_(True)
         self.scale.update(q[0])
-        per_step = (self.cfg.entropy_coef * log_prob - q / self.scale.value).mean(-1)
+        if mask is None:
+            mask = torch.ones_like(q)
+        per_step = ((self.cfg.entropy_coef * log_prob - q / self.scale.value) * mask).mean(-1)
         w = self._weights(latents.shape[0], per_step)
-        return (per_step * w).sum() / w.sum(), q.mean()
+        q_mean = (q * mask).sum() / mask.sum().clamp_min(1)
+        return (per_step * w).sum() / w.sum(), q_mean
 
     def update(self, batch: SequenceBatch) -> dict[str, float]:
         """One model step and one policy-prior step on a batch; statistics for the log
@@ -214,7 +225,11 @@ class TDMPC:
             self.model_opt.zero_grad(set_to_none=True)
             total.backward()
             model_stats = self.model_guard.step([total, *parts.values()])
-            pi_loss, q_mean = self.actor_loss(latents.detach())
+            # the latent after a sequence's last transition is a state of its episode
+            # unless that transition ended it
+            ended = batch["terminated"][-1:] + batch["truncated"][-1:]
+            alive = torch.cat([batch["mask"], batch["mask"][-1:] * (1 - ended)])
+            pi_loss, q_mean = self.actor_loss(latents.detach(), alive)
             self.actor_opt.zero_grad(set_to_none=True)
             pi_loss.backward()
             actor_stats = self.actor_guard.step([pi_loss, q_mean])
