@@ -82,6 +82,18 @@ def _throughput(rows: list[dict[str, Any]], after: int) -> dict[str, float]:
     }
 
 
+def _store(path: Path, key: str, value: Any) -> dict[str, Any]:
+    """Add one result to the cache file and return the whole cache. The file is read
+    again first, so runs of other tasks writing to the same --out (one process per
+    task, side by side) keep theirs; it is replaced whole, never left half written."""
+    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache[key] = value
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(cache, indent=2))
+    tmp.replace(path)
+    return cache
+
+
 def train_to(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict[str, Any]:
     """Train (or continue) the (task, seed) run to ``steps`` env steps; evaluate both ways."""
     from training.off_policy_runner import OffPolicyRunner
@@ -93,6 +105,13 @@ def train_to(task: str, seed: int, steps: int, out: Path, extra: list[str]) -> d
         start, cpu = time.perf_counter(), time.process_time()
         summary = runner.train()
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        if summary["stopped_early"]:
+            # a run stopped by Ctrl-C / SIGTERM has saved its checkpoint; its figures
+            # are not the ones at `steps` and must not be cached as such
+            raise SystemExit(
+                f"{task} seed {seed}: stopped at {summary['env_steps']:,} of {steps:,} env "
+                f"steps; the checkpoint in {run_dir} is kept: rerun the same command to continue"
+            )
         actor = runner.evaluate()
         planner = summary.get("eval_planner") or runner.evaluate_planner()
     finally:
@@ -189,7 +208,7 @@ def main() -> None:
                 key = f"{task}/{seed}/{steps}"
                 if key not in cache:
                     cache[key] = train_to(task, seed, steps, out, extra)
-                    cache_path.write_text(json.dumps(cache, indent=2))
+                    cache = _store(cache_path, key, cache[key])
                 r = cache[key]
                 print(
                     f"{key}: actor {r['actor_return']:.1f} ± {r['actor_std']:.1f}, planner "
@@ -199,7 +218,7 @@ def main() -> None:
         lat_key = f"{task}/onnx"
         if lat_key not in cache:
             cache[lat_key] = onnx_latency(out / f"{task}_s{a.seeds[0]}", a.latency_calls)
-            cache_path.write_text(json.dumps(cache, indent=2))
+            cache = _store(cache_path, lat_key, cache[lat_key])
     print(
         "\n| task | env steps | actor (median) | planner (median) | PPO | updates/s | ONNX p99 ms |"
     )
