@@ -196,7 +196,7 @@ class TDMPC:
         return total, parts, latents
 
     def actor_loss(
-        self, latents: torch.Tensor, mask: torch.Tensor | None = None
+        self, latents: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(policy-prior loss, mean Q) on detached latents [T, B, Z]; the Q ensemble
         passes gradient to the action only. ``mask`` [T, B]: 1 where the latent is a
@@ -209,8 +209,6 @@ class TDMPC:
         finally:
             m.q.requires_grad_(True)
         self.scale.update(q[0])
-        if mask is None:
-            mask = torch.ones_like(q)
         per_step = ((self.cfg.entropy_coef * log_prob - q / self.scale.value) * mask).mean(-1)
         w = self._weights(latents.shape[0], per_step)
         q_mean = (q * mask).sum() / mask.sum().clamp_min(1)
