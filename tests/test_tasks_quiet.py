@@ -35,6 +35,14 @@ def test_sim2real_tasks_prints_no_warning_and_leaves_no_mujoco_log(tmp_path):
     assert "halfcheetah" in out.stdout  # the task whose model used to warn was built
     assert out.stderr.strip() == "", out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # every row splits into its columns: a long name (instructed_reach) once ran into the
+    # observation column ("instructed_reachpolicy=8")
+    from sim.registry import task_names
+
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines()[1:]}
+    assert sorted(rows) == sorted(task_names())
+    for name, cols in rows.items():
+        assert cols[1].startswith("policy="), (name, cols)
 
 
 def test_halfcheetah_model_keeps_gymnasiums_total_mass():

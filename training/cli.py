@@ -530,9 +530,12 @@ def cmd_tasks(args: argparse.Namespace, rest: list[str]) -> int:
         obs = " ".join(f"{g}={spec.size}" for g, spec in groups.items())
         rows.append((name, obs, env.action_spec.size, env.control_rate_hz, env.physics_rate_hz))
         env.close()
-    print(f"{'task':<13}{'observations':<26}{'actions':>8}{'control Hz':>12}{'physics Hz':>12}")
+    # columns as wide as their longest entry: a long task name must not run into the next
+    w_name = max(len("task"), *(len(r[0]) for r in rows)) + 2
+    w_obs = max(len("observations"), *(len(r[1]) for r in rows)) + 2
+    print(f"{'task':<{w_name}}{'observations':<{w_obs}}{'actions':>8}{'control Hz':>12}{'physics Hz':>12}")
     for name, obs, act, ctl, phy in rows:
-        print(f"{name:<13}{obs:<26}{act:>8}{ctl:>12.4g}{phy:>12.4g}")
+        print(f"{name:<{w_name}}{obs:<{w_obs}}{act:>8}{ctl:>12.4g}{phy:>12.4g}")
     return 0
 
 
