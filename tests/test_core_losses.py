@@ -115,6 +115,23 @@ def test_spo_objective_and_gradient():
     close(loss2, (-(3 - 2 / 0.5 * 0.25) + 1.125) / 2)
 
 
+def test_aspo_clips_positive_advantages_and_pulls_negative_ones_back():
+    """FPO++'s asymmetric trust region: PPO's clip where A > 0, SPO where A < 0."""
+    cfg = get_loss_config("aspo", eps_low=0.2, eps_high=0.2)
+    new = logs(1.5, 1.1, 0.5, 0.9)
+    adv = t(2.0, 2.0, -1.0, -1.0)
+    loss, stats = policy_loss(new, torch.zeros(4, dtype=torch.float64), adv, cfg)
+    # A > 0: min(r A, clip(r) A) = 2.4 (clipped), 2.2 ; A < 0: r A - |A|/(2 eps) (r - 1)^2
+    objs = [2.4, 2.2, -0.5 - 2.5 * 0.25, -0.9 - 2.5 * 0.01]
+    close(loss, -sum(objs) / 4)
+    close(stats["clip_frac"], 0.5)  # 1.5 with A > 0, 0.5 with A < 0
+    loss.backward()
+    g2 = (-1 - 1 / 0.2 * (0.5 - 1)) * 0.5
+    g3 = (-1 - 1 / 0.2 * (0.9 - 1)) * 0.9
+    # the clipped element has no gradient; SPO's side keeps one beyond the bound
+    close(new.grad, [0.0, -2.0 * 1.1 / 4, -g2 / 4, -g3 / 4])
+
+
 def test_gspo_sequence_ratio_with_mask():
     new = torch.tensor([[0.1, 0.3, 5.0], [-0.2, 0.0, -0.1]], dtype=torch.float64)
     new.requires_grad_(True)
@@ -276,6 +293,7 @@ def test_presets_and_registry():
         "dual_clip",
         "cpgd",
         "spo",
+        "aspo",
         "reinforce",
         "grpo",
         "dapo",

@@ -98,6 +98,53 @@ def test_ratio_is_exp_of_the_loss_difference_with_the_same_draws():
     torch.testing.assert_close(stats["ratio_mean"], (old - new).exp().mean(), rtol=1e-5, atol=0)
 
 
+def test_per_draw_ratio_gives_each_draw_its_own_row_and_clip():
+    """ratio="draw" (FPO++): every (chunk, position, draw) is an element of the core with
+    exp(L_old - L_new) of its own draw; with one draw's loss moved past the clip, only
+    that draw's rows stop pulling, where the chunk ratio would keep all of them."""
+    policy = _policy()
+    learner = _learner(policy, ratio="draw")
+    _rollout(learner)
+    cb = torch.arange(4)
+    h, n = learner.horizon, learner.cfg.num_draws
+    adv = torch.linspace(-1.0, 1.0, 4 * h).reshape(4, h)
+    mask = torch.ones(4, h)
+    mask[1, -1] = 0.0
+    with torch.no_grad():
+        for q in policy.actor.parameters():
+            q.add_(0.05 * torch.randn_like(q))
+    rows, adv_r, mask_r, new = learner.policy_rows(cb, adv, mask)
+    per_draw = learner.loss_old[cb] - new  # [4, N]
+    assert rows.shape == adv_r.shape == mask_r.shape == (4 * h * n,)
+    for c in range(4):
+        for t in range(h):
+            for i in range(n):
+                k = (c * h + t) * n + i
+                assert rows[k] == per_draw[c, i]
+                assert adv_r[k] == adv[c, t] and mask_r[k] == mask[c, t]
+    # the token mean over draws of the per-draw objective, by hand (PPO clip, eps 0.05)
+    cfg = get_loss_config("ppo", eps_low=0.05, eps_high=0.05)
+    loss, _ = policy_loss(None, None, adv_r, cfg, mask=mask_r, log_ratio=rows.detach())
+    r = per_draw.detach().exp().unsqueeze(1)  # [4, 1, N]
+    a = adv.unsqueeze(-1)
+    obj = torch.minimum(r * a, r.clamp(0.95, 1.05) * a) * mask.unsqueeze(-1)
+    torch.testing.assert_close(loss, -obj.sum() / (mask.sum() * n))
+    # the chunk granularity keeps one row per (chunk, position), the mean in the exponent
+    learner.cfg.ratio = "chunk"
+    rows_c, adv_c, _, _ = learner.policy_rows(cb, adv, mask)
+    torch.testing.assert_close(rows_c, per_draw.mean(-1).repeat_interleave(h))
+    assert torch.equal(adv_c, adv.reshape(-1))
+
+
+def test_fpo_plus_plus_settings_train_a_rollout():
+    """ratio="draw" with the core's "aspo" loss: an update runs, ratio 1 before it."""
+    learner = _learner(_policy(), ratio="draw", loss="aspo")
+    _rollout(learner)
+    stats = learner.update()
+    assert np.isfinite(stats["policy_loss"]) and stats["nonfinite_steps"] == 0
+    assert stats["minibatch_steps"] == 4 and stats["approx_kl"] > 0
+
+
 def test_ratio_is_exactly_one_before_the_first_update():
     learner = _learner(_policy())
     _rollout(learner)
@@ -242,5 +289,7 @@ def test_config_errors():
         FPOConfig(num_draws=0)
     with pytest.raises(ValueError, match="cfm_reduce"):
         FPOConfig(cfm_reduce="max")
+    with pytest.raises(ValueError, match="ratio"):
+        FPOConfig(ratio="token")
     with pytest.raises(ValueError, match="explore_std"):
         FPOConfig(explore_std=-0.1)

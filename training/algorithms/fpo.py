@@ -18,8 +18,9 @@ flow-matching losses, estimated with the same draws under both parameters::
   when the chunk is sampled, and stored with L_cfm under the acting parameters; every
   epoch recomputes L_cfm under the current parameters with the same draws, so the
   ratio is 1 before the first step (to the bit on the CPU: tests/test_fpo.py).
-- Granularity: one ratio per chunk, from the mean over its N pairs inside the exponent
-  (as the paper), not one per pair.
+- Granularity (``ratio``): one ratio per chunk, from the mean over its N pairs inside
+  the exponent (the paper), or one per pair, each clipped on its own (FPO++, Yi et al.
+  2026), so that a pair whose loss moved far stops pulling while the others go on.
 - Crediting: the core's elements are the executed env steps. The row of env step t
   holds the ratio of the chunk it executed and t's advantage, so a chunk is credited
   once per executed position (never for positions it did not execute); with the
@@ -51,7 +52,9 @@ from policies.flow import FlowPolicy
 from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning, FlowLearnerConfig
 from training.core import PolicyLossConfig, get_loss_config, policy_loss
 
-__all__ = ["FPO", "FPOConfig"]
+__all__ = ["FPO", "FPOConfig", "RATIO_GRANULARITIES"]
+
+RATIO_GRANULARITIES = ("chunk", "draw")
 
 
 @dataclass
@@ -68,6 +71,10 @@ class FPOConfig(FlowLearnerConfig):
     at 83k; with SPO the same run kept KL at 4-6e-4 and ratios under 1.1 to 131k steps
     and went on learning. (FPO++, Yi et al. 2026, takes SPO for
     negative advantages for the same reason.) "ppo" gives the paper's objective."""
+    ratio: str = "chunk"
+    """"chunk": one ratio per sampled chunk, exp of the mean over its N draws of
+    L_old - L_new (the paper); "draw": one ratio per (tau, eps) draw, each in the
+    objective and its clip on its own (FPO++), the policy term averaged over the draws."""
     num_draws: int = 8
     """N, the (tau, eps) pairs per sampled chunk that estimate its flow-matching loss."""
     cfm_reduce: str = "mean"
@@ -87,6 +94,7 @@ class FPOConfig(FlowLearnerConfig):
         check.finite("explore_std", "consistency_coef")
         check.nonnegative("explore_std", "consistency_coef")
         check.one_of("cfm_reduce", REDUCTIONS)
+        check.one_of("ratio", RATIO_GRANULARITIES)
         self.loss_config()
 
     def loss_config(self) -> PolicyLossConfig:
@@ -160,6 +168,24 @@ class FPO(ChunkLearner):
         )
         return (self.loss_old[cb] - new).mean(-1), new
 
+    def policy_rows(
+        self, cb: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The core's elements for chunks ``cb`` with advantages and executed-position
+        mask [c, Tp]: (log-ratio, advantage, mask) flat, and L_new [c, N]. "chunk": one
+        row per (chunk, position) with the chunk's ratio; "draw": one per (chunk,
+        position, draw) with the draw's ratio; every (chunk, position) then has N rows,
+        so the token mean weighs positions as "chunk" does."""
+        log_ratio, new = self.chunk_log_ratio(cb)
+        if self.cfg.ratio == "chunk":
+            rows = log_ratio.unsqueeze(-1).expand(-1, self.horizon)
+            return rows.reshape(-1), adv.reshape(-1), mask.reshape(-1), new
+        n = new.shape[1]
+        rows = (self.loss_old[cb] - new).unsqueeze(1).expand(-1, self.horizon, -1)
+        adv_n = adv.unsqueeze(-1).expand(-1, -1, n)
+        mask_n = mask.unsqueeze(-1).expand(-1, -1, n)
+        return rows.reshape(-1), adv_n.reshape(-1), mask_n.reshape(-1), new
+
     def update(self) -> dict[str, float]:
         # the self-consistency targets come from the rollout's parameters, frozen for the
         # update (FlowPolicy.consistency_loss says why)
@@ -173,17 +199,8 @@ class FPO(ChunkLearner):
 
     def _loss(self, mb: ChunkMinibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, st, cb = self.cfg, self.storage, mb.chunks
-        log_ratio, new = self.chunk_log_ratio(cb)
-        # rows: one per (chunk, position), each with its chunk's ratio
-        rows_lr = log_ratio.unsqueeze(-1).expand(-1, self.horizon).reshape(-1)
-        pl, pstats = policy_loss(
-            None,
-            None,
-            mb.adv.reshape(-1),
-            self.loss_cfg,
-            mask=mb.mask.reshape(-1),
-            log_ratio=rows_lr,
-        )
+        rows_lr, adv, mask, new = self.policy_rows(cb, mb.adv, mb.mask)
+        pl, pstats = policy_loss(None, None, adv, self.loss_cfg, mask=mask, log_ratio=rows_lr)
         vl = self._value_loss(self.policy.value(mb.obs), mb.old_values, mb.returns)
         loss = pl + cfg.value_coef * vl
         sc = torch.zeros((), device=self.device)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 RATIOS = ("token", "sequence", "none")
-CLIPS = ("ppo", "dual", "log", "spo", "none")
+CLIPS = ("ppo", "dual", "log", "spo", "aspo", "none")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -37,7 +37,9 @@ class PolicyLossConfig:
         objective is bounded below by dual_clip_c * A), "log" (CPGD: clipped policy
         gradient on log r, min(log r * A, clip(log r, -delta, delta) * A)),
         "spo" (r*A - |A|/(2*eps)*(r-1)^2 with eps = eps_high for A >= 0, eps_low for
-        A < 0, so the optimum sits at the PPO clip bound), "none" (r * A).
+        A < 0, so the optimum sits at the PPO clip bound), "aspo" (FPO++'s asymmetric
+        trust region: PPO's clip for A > 0, SPO for A < 0, where a ratio pushed toward 0
+        gets no clip to stop it), "none" (r * A).
     aggregation: "token_mean" (sum over valid elements / their count, DAPO),
         "seq_mean_token_mean" (mean over rows of each row's masked mean, GRPO),
         "seq_mean_token_sum_norm" (each row's masked sum / norm_constant, mean over
@@ -132,6 +134,7 @@ POLICY_LOSS_PRESETS: dict[str, PolicyLossConfig] = {
     "dual_clip": PolicyLossConfig(clip="dual"),
     "cpgd": PolicyLossConfig(clip="log"),
     "spo": PolicyLossConfig(clip="spo"),
+    "aspo": PolicyLossConfig(clip="aspo"),
     "reinforce": PolicyLossConfig(ratio="none", clip="none"),
     # DeepSeekMath GRPO: per-sequence token means, k3 KL to the reference at 0.04.
     "grpo": PolicyLossConfig(aggregation="seq_mean_token_mean", kl_coef=0.04, kl_estimator="k3"),
@@ -381,7 +384,7 @@ def policy_loss(
     ``entropy`` tensor is the learner's own and stays allowed.
 
     Statistics: policy_loss, clip_frac (valid elements whose gradient a clip cut off; for
-    "spo", which does not clip, the elements outside the PPO range [1-eps_low,
+    "spo" (and "aspo" where A < 0), which does not clip, the elements outside the PPO range [1-eps_low,
     1+eps_high] on the side the advantage pushes), approx_kl (k3 estimate of
     KL(old || new)), ratio_mean and ratio_max (of the ratio the objective uses), kl_ref
     and entropy when given, off_policy_weight_mean when decoupled.
@@ -477,6 +480,12 @@ def policy_loss(
             torch.as_tensor(eps_low, dtype=adv.dtype, device=adv.device),
         )
         objective = ratio * adv - adv.abs() / (2.0 * eps) * (ratio - 1.0).square()
+        clipped = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
+    elif cfg.clip == "aspo":
+        clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+        ppo_side = torch.minimum(ratio * adv, clipped_ratio * adv)
+        spo_side = ratio * adv - adv.abs() / (2.0 * eps_low) * (ratio - 1.0).square()
+        objective = torch.where(neg, spo_side, ppo_side)
         clipped = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
     else:  # "none": plain importance-sampled policy gradient
         objective = ratio * adv
