@@ -100,8 +100,9 @@ def test_ratio_is_exp_of_the_loss_difference_with_the_same_draws():
 
 def test_per_draw_ratio_gives_each_draw_its_own_row_and_clip():
     """ratio="draw" (FPO++): every (chunk, position, draw) is an element of the core with
-    exp(L_old - L_new) of its own draw; with one draw's loss moved past the clip, only
-    that draw's rows stop pulling, where the chunk ratio would keep all of them."""
+    L_old - L_new of its own draw and its position's advantage and mask, so the clip
+    acts on each draw's ratio (the loss by hand below); "chunk" keeps one row per
+    (chunk, position) with the mean over draws in the exponent."""
     policy = _policy()
     learner = _learner(policy, ratio="draw")
     _rollout(learner)
@@ -137,7 +138,7 @@ def test_per_draw_ratio_gives_each_draw_its_own_row_and_clip():
 
 
 def test_fpo_plus_plus_settings_train_a_rollout():
-    """ratio="draw" with the core's "aspo" loss: an update runs, ratio 1 before it."""
+    """ratio="draw" with the core's "aspo" loss: a full update runs, every step finite."""
     learner = _learner(_policy(), ratio="draw", loss="aspo")
     _rollout(learner)
     stats = learner.update()

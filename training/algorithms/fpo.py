@@ -162,11 +162,16 @@ class FPO(ChunkLearner):
     def chunk_log_ratio(self, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log r [C], L_new [C, N]) of the stored chunks ``cb``: the mean over their N
         draws of L_old - L_new, with gradient through L_new."""
+        per_draw, new = self._draw_log_ratios(cb)
+        return per_draw.mean(-1), new
+
+    def _draw_log_ratios(self, cb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(L_old - L_new [C, N], L_new [C, N]) of the stored chunks ``cb``, per draw."""
         st = self.storage
         new = self.policy.cfm_loss(
             st.chunk_obs[cb], st.chunk_chain[cb, 0], self.tau[cb], self.eps[cb], self.cfg.cfm_reduce
         )
-        return (self.loss_old[cb] - new).mean(-1), new
+        return self.loss_old[cb] - new, new
 
     def policy_rows(
         self, cb: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
@@ -176,12 +181,12 @@ class FPO(ChunkLearner):
         row per (chunk, position) with the chunk's ratio; "draw": one per (chunk,
         position, draw) with the draw's ratio; every (chunk, position) then has N rows,
         so the token mean weighs positions as "chunk" does."""
-        log_ratio, new = self.chunk_log_ratio(cb)
+        per_draw, new = self._draw_log_ratios(cb)
         if self.cfg.ratio == "chunk":
-            rows = log_ratio.unsqueeze(-1).expand(-1, self.horizon)
+            rows = per_draw.mean(-1).unsqueeze(-1).expand(-1, self.horizon)
             return rows.reshape(-1), adv.reshape(-1), mask.reshape(-1), new
         n = new.shape[1]
-        rows = (self.loss_old[cb] - new).unsqueeze(1).expand(-1, self.horizon, -1)
+        rows = per_draw.unsqueeze(1).expand(-1, self.horizon, -1)
         adv_n = adv.unsqueeze(-1).expand(-1, -1, n)
         mask_n = mask.unsqueeze(-1).expand(-1, -1, n)
         return rows.reshape(-1), adv_n.reshape(-1), mask_n.reshape(-1), new

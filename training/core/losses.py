@@ -353,6 +353,16 @@ def _check_log_ratio_use(
         )
 
 
+def _ppo_clip_objective(ratio, adv, eps_low, eps_high) -> torch.Tensor:
+    """PPO's min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)."""
+    return torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+
+
+def _spo_objective(ratio, adv, eps) -> torch.Tensor:
+    """SPO's r A - |A| / (2 eps) (r - 1)^2, whose optimum sits at the clip bound."""
+    return ratio * adv - adv.abs() / (2.0 * eps) * (ratio - 1.0).square()
+
+
 def policy_loss(
     logp_new: torch.Tensor | None,
     logp_old: torch.Tensor | None,
@@ -384,8 +394,8 @@ def policy_loss(
     ``entropy`` tensor is the learner's own and stays allowed.
 
     Statistics: policy_loss, clip_frac (valid elements whose gradient a clip cut off; for
-    "spo" (and "aspo" where A < 0), which does not clip, the elements outside the PPO range [1-eps_low,
-    1+eps_high] on the side the advantage pushes), approx_kl (k3 estimate of
+    "spo" and "aspo"'s A < 0 side, which do not clip, the elements outside the PPO range
+    [1-eps_low, 1+eps_high] on the side the advantage pushes), approx_kl (k3 estimate of
     KL(old || new)), ratio_mean and ratio_max (of the ratio the objective uses), kl_ref
     and entropy when given, off_policy_weight_mean when decoupled.
     """
@@ -456,14 +466,15 @@ def policy_loss(
     pos = adv > 0
     neg = adv < 0
     zero = torch.zeros_like(ratio, dtype=torch.bool)
+    # outside PPO's band on the side the advantage pushes: what the ratio clips cut off
+    beyond = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
 
     if cfg.ratio == "none":
         objective = new * adv
         clipped = zero
     elif cfg.clip in ("ppo", "dual"):
-        clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-        objective = torch.minimum(ratio * adv, clipped_ratio * adv)
-        clipped = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
+        objective = _ppo_clip_objective(ratio, adv, eps_low, eps_high)
+        clipped = beyond
         if cfg.clip == "dual":
             floor = cfg.dual_clip_c * adv
             dual_active = neg & (objective < floor)
@@ -479,14 +490,15 @@ def policy_loss(
             torch.as_tensor(eps_high, dtype=adv.dtype, device=adv.device),
             torch.as_tensor(eps_low, dtype=adv.dtype, device=adv.device),
         )
-        objective = ratio * adv - adv.abs() / (2.0 * eps) * (ratio - 1.0).square()
-        clipped = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
+        objective = _spo_objective(ratio, adv, eps)
+        clipped = beyond
     elif cfg.clip == "aspo":
-        clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-        ppo_side = torch.minimum(ratio * adv, clipped_ratio * adv)
-        spo_side = ratio * adv - adv.abs() / (2.0 * eps_low) * (ratio - 1.0).square()
-        objective = torch.where(neg, spo_side, ppo_side)
-        clipped = (pos & (ratio > 1.0 + eps_high)) | (neg & (ratio < 1.0 - eps_low))
+        objective = torch.where(
+            neg,
+            _spo_objective(ratio, adv, eps_low),
+            _ppo_clip_objective(ratio, adv, eps_low, eps_high),
+        )
+        clipped = beyond
     else:  # "none": plain importance-sampled policy gradient
         objective = ratio * adv
         clipped = zero
