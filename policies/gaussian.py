@@ -25,6 +25,7 @@ from policies.normalization import RunningMeanStd
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"elu": nn.ELU, "tanh": nn.Tanh, "relu": nn.ReLU}
 RNN_TYPES = (None, "gru", "lstm")
+INITS = ("orthogonal", "torch")
 _LOG_2PI = math.log(2.0 * math.pi)
 
 
@@ -52,6 +53,13 @@ class ActorCriticConfig:
     (log-probs would blow up) nor go negative, whatever the optimizer does to the
     parameter. Below the floor the clamp passes no gradient, which is the point: the
     distribution stops narrowing there."""
+    init: str = "orthogonal"
+    """Initialization of both MLPs' linear layers. "orthogonal": hidden layers orthogonal
+    with gain sqrt(2), the actor's output layer with gain 0.01 (the mean starts near 0),
+    the critic's with gain 1, zero biases (stable-baselines3, CleanRL; the MuJoCo presets
+    were tuned with it). "torch": torch.nn.Linear's own default, as rsl_rl's MLPs. On the
+    Go1 the orthogonal start held the action std near 1 for 10M steps, where rsl_rl's
+    fell to 0.33; with "torch" ours falls as rsl_rl's does (docs/benchmarks_ppo.md)."""
     rnn_type: str | None = None
     """None (MLP policy) or "gru"/"lstm": a recurrent memory of rnn_layers x rnn_hidden
     in front of each MLP (separate memories for actor and critic)."""
@@ -81,6 +89,10 @@ class ActorCriticConfig:
                 f"ActorCriticConfig.activation={self.activation!r} is unknown; choose one of "
                 f"{sorted(ACTIVATIONS)}"
             )
+        if self.init not in INITS:
+            raise ValueError(
+                f"ActorCriticConfig.init={self.init!r} is unknown; choose one of {list(INITS)}"
+            )
         if not (math.isfinite(self.min_std) and self.min_std > 0):
             raise ValueError(f"ActorCriticConfig.min_std must be > 0, got {self.min_std}")
         if not (math.isfinite(self.init_std) and self.init_std >= self.min_std):
@@ -101,19 +113,30 @@ class ActorCriticConfig:
             raise ValueError(f"ActorCriticConfig.rnn_layers must be >= 1, got {self.rnn_layers}")
 
 
-def _mlp(in_size: int, hidden: tuple[int, ...], out_size: int, activation: str, out_gain: float):
+def _mlp(
+    in_size: int,
+    hidden: tuple[int, ...],
+    out_size: int,
+    activation: str,
+    out_gain: float,
+    init: str = "orthogonal",
+) -> nn.Sequential:
+    """An MLP; with init "orthogonal" its hidden layers get gain sqrt(2) and its output
+    layer ``out_gain`` (see ActorCriticConfig.init), with "torch" nn.Linear's default."""
     layers: list[nn.Module] = []
     size = in_size
     for h in hidden:
         lin = nn.Linear(size, h)
-        # orthogonal init with the ReLU-family gain keeps activations at unit scale
-        nn.init.orthogonal_(lin.weight, math.sqrt(2.0))
-        nn.init.zeros_(lin.bias)
+        if init == "orthogonal":
+            # the ReLU-family gain keeps activations at unit scale
+            nn.init.orthogonal_(lin.weight, math.sqrt(2.0))
+            nn.init.zeros_(lin.bias)
         layers += [lin, ACTIVATIONS[activation]()]
         size = h
     out = nn.Linear(size, out_size)
-    nn.init.orthogonal_(out.weight, out_gain)
-    nn.init.zeros_(out.bias)
+    if init == "orthogonal":
+        nn.init.orthogonal_(out.weight, out_gain)
+        nn.init.zeros_(out.bias)
     layers.append(out)
     return nn.Sequential(*layers)
 
@@ -281,8 +304,8 @@ class ActorCritic(nn.Module):
             self.critic_rnn = _rnn(cfg.rnn_type, c_in, cfg.rnn_hidden, cfg.rnn_layers)
             a_in = c_in = cfg.rnn_hidden
         # a small last layer starts the mean near 0, so exploration comes from the std
-        self.actor = _mlp(a_in, cfg.actor_hidden, self.action_size, cfg.activation, 0.01)
-        self.critic = _mlp(c_in, cfg.critic_hidden, 1, cfg.activation, 1.0)
+        self.actor = _mlp(a_in, cfg.actor_hidden, self.action_size, cfg.activation, 0.01, cfg.init)
+        self.critic = _mlp(c_in, cfg.critic_hidden, 1, cfg.activation, 1.0, cfg.init)
         self.log_std = nn.Parameter(torch.full((self.action_size,), math.log(cfg.init_std)))
         self._n_state = 0 if cfg.rnn_type is None else (2 if cfg.rnn_type == "lstm" else 1)
         # per-env recurrent state for acting: actor tensors first, then critic tensors

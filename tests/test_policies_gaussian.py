@@ -230,12 +230,39 @@ def test_config_validation():
         ({"rnn_hidden": 0}, "rnn_hidden"),
         ({"rnn_layers": 0}, "rnn_layers"),
         ({"actor_hidden": (16, 0)}, "actor_hidden"),
+        ({"init": "xavier"}, "init"),
     ):
         with pytest.raises(ValueError, match=field):
             ActorCriticConfig(**kw)
     with pytest.raises(ValueError, match="action_size"):
         ActorCritic(3, None, 0)
     assert math.isclose(ActorCriticConfig().min_std, 1e-3)
+
+
+def test_init_orthogonal_and_torch_default():
+    """"orthogonal": orthonormal rows scaled by the gain, zero biases, the actor's mean
+    near 0; "torch": nn.Linear's own uniform(+-1/sqrt(fan_in)) weights and biases."""
+    ortho = make(init="orthogonal")
+    lins = [m for m in ortho.actor if isinstance(m, torch.nn.Linear)]
+    for lin, gain in zip(lins, (math.sqrt(2.0), math.sqrt(2.0), 0.01), strict=True):
+        w = lin.weight
+        small = min(w.shape)
+        gram = w @ w.T if w.shape[0] == small else w.T @ w
+        assert torch.allclose(gram, gain**2 * torch.eye(small), atol=1e-5)
+        assert torch.count_nonzero(lin.bias) == 0
+    crit_out = [m for m in ortho.critic if isinstance(m, torch.nn.Linear)][-1]
+    assert math.isclose(crit_out.weight.norm().item(), 1.0, rel_tol=1e-5)
+
+    default = make(init="torch")
+    for net in (default.actor, default.critic):
+        for lin in (m for m in net if isinstance(m, torch.nn.Linear)):
+            bound = 1.0 / math.sqrt(lin.in_features)
+            assert lin.weight.abs().max() <= bound and lin.bias.abs().max() <= bound
+            assert torch.count_nonzero(lin.bias) == lin.out_features
+            # spread over the bound, not a small-gain head: the std of U(-b, b) is b/sqrt(3)
+            assert lin.weight.std() > 0.4 * bound
+    # same seed, same shapes, another start: the option reaches the networks
+    assert not torch.allclose(ortho.actor[0].weight, default.actor[0].weight)
 
 
 def test_obs_clip_bounds_a_term_that_was_constant():

@@ -30,8 +30,11 @@ _LOCOMOTION: dict[str, Any] = {
     "run.total_steps": 1_000_000,
 }
 
-# the legged robots' velocity tracking (legged_gym's recipe): many envs, short rollouts
+# the legged robots' velocity tracking (legged_gym's recipe): many envs, short rollouts.
+# nn.Linear's default init, as rsl_rl's MLPs: from the orthogonal one the Go1's action std
+# stayed near 1 for 10M steps while rsl_rl's fell to 0.33 (docs/benchmarks_ppo.md)
 _LEGGED: dict[str, Any] = {
+    "policy.init": "torch",
     "env.num_envs": 256,
     "ppo.num_steps": 24,
     "ppo.num_epochs": 5,
