@@ -42,7 +42,7 @@ def train_cfg(cfg: Any) -> dict:
 
     return {
         "num_steps_per_env": ppo.num_steps,
-        "save_interval": 10**9,  # only the final checkpoint (learn() always writes it)
+        "save_interval": 50,  # iterations; train() resumes from the last checkpoint
         "obs_groups": {"actor": ["policy"], "critic": ["critic" if _has_critic(cfg) else "policy"]},
         "actor": {
             **mlp(pol.actor_hidden),
@@ -78,9 +78,24 @@ def _has_critic(cfg: Any) -> bool:
         env.close()
 
 
-def train(task: str, steps: int, seed: int, out: Path, overrides: list[str] = ()) -> dict:
+def train(
+    task: str,
+    steps: int,
+    seed: int,
+    out: Path,
+    overrides: list[str] = (),
+    save_every: int = 50,
+) -> dict:
     """Train rsl_rl's PPO with `task`'s preset for `steps` env steps, export its final
-    checkpoint, evaluate it as ours are evaluated."""
+    checkpoint, evaluate it as ours are evaluated.
+
+    An interrupted run resumes: rsl_rl checkpoints every `save_every` iterations and a
+    second call continues from the last one (weights, optimizer, rate and iteration;
+    the envs restart, so it is not bit-identical to an uninterrupted run). The run folder
+    records what it trains; a call with another budget or overrides is refused instead
+    of continuing or overwriting that run. wall_s sums the training time of every
+    segment, "segments" says how many there were.
+    """
     import torch
     from rsl_rl.runners import OnPolicyRunner
 
@@ -89,24 +104,77 @@ def train(task: str, steps: int, seed: int, out: Path, overrides: list[str] = ()
     from training.rsl_rl_import import export_rsl_rl
     from training.train_configs import build_ppo_config
 
+    if save_every < 1:
+        raise ValueError(f"save_every must be >= 1 iteration, got {save_every}")
     cfg = build_ppo_config(task, [f"run.seed={seed}", *overrides])
     iters = max(1, math.ceil(steps / (cfg.env.num_envs * cfg.ppo.num_steps)))
+    log_dir = Path(out) / f"rsl_rl-{task}-s{seed}"
+    progress = _claim_run_dir(log_dir, {"task": task, "steps": steps, "seed": seed,
+                                        "overrides": list(overrides)})  # fmt: skip
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    log_dir = Path(out) / f"rsl_rl-{task}-s{seed}"
     env = RslRlVecEnv(task, cfg.env.num_envs, seed=seed, num_threads=cfg.env.threads)
-    tc = train_cfg(cfg)
+    tc = {**train_cfg(cfg), "save_interval": save_every}
     runner = OnPolicyRunner(env, tc, log_dir=str(log_dir), device="cpu")
     runner.logger.git_status_repos = []  # no `git status` of this checkout
-    t0 = time.perf_counter()
-    runner.learn(iters)
-    wall = time.perf_counter() - t0
-    ckpts = sorted(log_dir.glob("model_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
-    onnx = export_rsl_rl(ckpts[-1], task, log_dir / "policy.onnx", activation=cfg.policy.activation)
+    ckpts = _checkpoints(log_dir)
+    done = 0
+    if ckpts:
+        runner.load(str(ckpts[-1]))
+        # a checkpoint carries the index of the iteration it ends; rsl_rl's learn() would
+        # start at that index again and train that iteration twice
+        done = runner.current_learning_iteration + 1
+        runner.current_learning_iteration = done
+    if done < iters:
+        t0 = time.perf_counter()
+        runner.learn(iters - done)
+        progress["wall_s"] += time.perf_counter() - t0
+        progress["segments"] += 1
+        _write_json(log_dir / _PROGRESS, progress)
+    onnx = export_rsl_rl(
+        _checkpoints(log_dir)[-1], task, log_dir / "policy.onnx", activation=cfg.policy.activation
+    )
     stats = evaluate_source(onnx, episodes=10, seed=10_000 + seed)
     env.env.close()
     return {"task": task, "seed": seed, "steps": iters * cfg.env.num_envs * cfg.ppo.num_steps,
-            "wall_s": wall, "onnx": str(onnx), **stats}  # fmt: skip
+            "wall_s": progress["wall_s"], "segments": progress["segments"], "onnx": str(onnx),
+            **stats}  # fmt: skip
+
+
+_PROGRESS = "peer_run.json"
+
+
+def _checkpoints(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.glob("model_*.pt"), key=lambda p: int(p.stem.split("_")[1]))
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(path)
+
+
+def _claim_run_dir(log_dir: Path, run: dict) -> dict:
+    """The progress record of `log_dir` for `run`, creating both; refuses a folder that
+    holds another run (or files no peer run wrote)."""
+    path = log_dir / _PROGRESS
+    if path.exists():
+        progress = json.loads(path.read_text())
+        if progress["run"] != run:
+            raise FileExistsError(
+                f"{log_dir} holds another rsl_rl run ({progress['run']}), not {run}; "
+                "choose another --out or remove that folder"
+            )
+        return progress
+    if log_dir.exists() and any(log_dir.iterdir()):
+        raise FileExistsError(
+            f"{log_dir} exists and was not written by this benchmark's rsl_rl peer "
+            f"(no {_PROGRESS}); choose another --out or remove that folder"
+        )
+    log_dir.mkdir(parents=True, exist_ok=True)
+    progress = {"run": run, "wall_s": 0.0, "segments": 0}
+    _write_json(path, progress)
+    return progress
 
 
 def cached(task: str, steps: int, seed: int, out: Path, overrides: list[str] = ()) -> dict:
@@ -120,7 +188,5 @@ def cached(task: str, steps: int, seed: int, out: Path, overrides: list[str] = (
     res = train(task, steps, seed, out, list(overrides))
     res = {k: v for k, v in res.items() if isinstance(v, int | float | str)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res))
-    tmp.replace(path)
+    _write_json(path, res)
     return res

@@ -344,6 +344,54 @@ def _quality_benchmark():
     return bench
 
 
+def test_rsl_rl_peer_resumes_an_interrupted_run_and_refuses_another(tmp_path, monkeypatch):
+    """Interrupted mid-iteration, the peer continues from its last checkpoint (the
+    iterations already saved are not trained again), ends at the budget's iteration, and
+    a call with another budget into the same folder is refused rather than mixed in."""
+    _quality_benchmark()
+    peer = sys.modules["rsl_rl_peer"]
+    from sim.rsl_rl_env import RslRlVecEnv
+
+    calls = {"n": 0, "fail_at": 80}
+    real_step = RslRlVecEnv.step
+
+    def step(self, actions):
+        calls["n"] += 1
+        if calls["n"] == calls["fail_at"]:
+            raise KeyboardInterrupt("killed during iteration 2")
+        return real_step(self, actions)
+
+    monkeypatch.setattr(RslRlVecEnv, "step", step)
+    # the cartpole preset: 16 envs x 32 steps, so 2048 steps are 4 iterations of 32 calls
+    with pytest.raises(KeyboardInterrupt):
+        peer.train("cartpole", 2048, 0, tmp_path, save_every=1)
+    run = tmp_path / "rsl_rl-cartpole-s0"
+    assert sorted(p.name for p in run.glob("model_*.pt")) == ["model_0.pt", "model_1.pt"]
+
+    calls.update(n=0, fail_at=-1)
+    res = peer.train("cartpole", 2048, 0, tmp_path, save_every=1)
+    assert calls["n"] == 2 * 32  # iterations 2 and 3 only
+    assert res["steps"] == 2048 and res["segments"] == 1 and res["wall_s"] > 0
+    from deploy.metadata import read_metadata
+
+    assert int(read_metadata(res["onnx"]).extra["iteration"]) == 3
+    assert sorted(p.name for p in run.glob("model_*.pt"))[-1] == "model_3.pt"
+
+    # finished: a third call trains nothing and scores the same checkpoint
+    calls["n"] = 0
+    again = peer.train("cartpole", 2048, 0, tmp_path, save_every=1)
+    assert calls["n"] == 0 and again["return_mean"] == res["return_mean"]
+
+    with pytest.raises(FileExistsError, match="another rsl_rl run"):
+        peer.train("cartpole", 4096, 0, tmp_path)
+    (tmp_path / "rsl_rl-cartpole-s1").mkdir()
+    (tmp_path / "rsl_rl-cartpole-s1" / "notes.txt").write_text("someone else's")
+    with pytest.raises(FileExistsError, match="not written by"):
+        peer.train("cartpole", 2048, 1, tmp_path)
+    with pytest.raises(ValueError, match="save_every"):
+        peer.train("cartpole", 2048, 2, tmp_path, save_every=0)
+
+
 def test_quality_benchmark_trains_the_sb3_peer_once_and_compares(tmp_path, monkeypatch, capsys):
     """ppo_quality.py's SB3 peer: a real SB3 run on Gymnasium's own env, cached per
     (env, budget, seed) and read back; the table divides our median by the peer's."""
