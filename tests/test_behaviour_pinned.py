@@ -64,6 +64,8 @@ PPO_CASES = {
             "ppo.target_kl=0.001",
             "ppo.value_normalization=true",
             "env.threads=1",
+            # recorded before the legged presets took torch's default init
+            "policy.init=orthogonal",
         ],
     ),
 }
