@@ -59,7 +59,8 @@ class ActorCriticConfig:
     the critic's with gain 1, zero biases (stable-baselines3, CleanRL; the MuJoCo presets
     were tuned with it). "torch": torch.nn.Linear's own default, as rsl_rl's MLPs. On the
     Go1 the orthogonal start held the action std near 1 for 10M steps, where rsl_rl's
-    fell to 0.33; with "torch" ours falls as rsl_rl's does (docs/benchmarks_ppo.md)."""
+    fell to 0.33; with "torch" it fell to 0.56 and the return rose from 0.66x to 0.94x
+    rsl_rl's (docs/benchmarks_ppo.md)."""
     rnn_type: str | None = None
     """None (MLP policy) or "gru"/"lstm": a recurrent memory of rnn_layers x rnn_hidden
     in front of each MLP (separate memories for actor and critic)."""
