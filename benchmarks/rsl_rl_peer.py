@@ -20,6 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from deploy.files import atomic_write
+
+SAVE_EVERY = 50
+"""rsl_rl checkpoints every this many iterations; train() resumes from the last one."""
+
 
 def train_cfg(cfg: Any) -> dict:
     """rsl_rl 5.x train cfg equivalent to our PPO config `cfg` (a TrainConfig)."""
@@ -42,7 +47,7 @@ def train_cfg(cfg: Any) -> dict:
 
     return {
         "num_steps_per_env": ppo.num_steps,
-        "save_interval": 50,  # iterations; train() resumes from the last checkpoint
+        "save_interval": SAVE_EVERY,
         "obs_groups": {"actor": ["policy"], "critic": ["critic" if _has_critic(cfg) else "policy"]},
         "actor": {
             **mlp(pol.actor_hidden),
@@ -84,7 +89,7 @@ def train(
     seed: int,
     out: Path,
     overrides: list[str] = (),
-    save_every: int = 50,
+    save_every: int = SAVE_EVERY,
 ) -> dict:
     """Train rsl_rl's PPO with `task`'s preset for `steps` env steps, export its final
     checkpoint, evaluate it as ours are evaluated.
@@ -149,9 +154,7 @@ def _checkpoints(log_dir: Path) -> list[Path]:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(obj))
 
 
 def _claim_run_dir(log_dir: Path, run: dict) -> dict:
@@ -187,6 +190,5 @@ def cached(task: str, steps: int, seed: int, out: Path, overrides: list[str] = (
         return json.loads(path.read_text())
     res = train(task, steps, seed, out, list(overrides))
     res = {k: v for k, v in res.items() if isinstance(v, int | float | str)}
-    path.parent.mkdir(parents=True, exist_ok=True)
     _write_json(path, res)
     return res
