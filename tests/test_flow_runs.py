@@ -127,6 +127,10 @@ def test_fine_tuning_beats_its_bc_start_on_cartpole(tmp_path, algo):
     argv = ["train", algo, "--init", str(tmp_path / "bc"), "--steps", "20000"]
     argv += ["--run-dir", str(tmp_path / algo), "--no-artifacts", *QUIET]
     argv += ["env.num_envs=16", f"{algo}.num_steps=32"]
+    if algo == "reinflow":
+        # ReinFlow's default rate (6e-5) is set for the flow benchmark's 250k steps; at
+        # 20k it moves cartpole too little to show (7 -> 25), so the test takes DPPO's
+        argv += ["reinflow.actor_lr=3e-4"]
     assert main(argv) == 0
     tuned = load_policy(tmp_path / algo).evaluate(episodes=16, seed=1, deterministic=False)
     assert tuned["return_mean"] > 2 * bc["return_mean"] + 20, (bc["return_mean"], tuned)

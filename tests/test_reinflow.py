@@ -120,11 +120,15 @@ def test_ratios_start_at_one():
     c = st.num_chunks
     with torch.no_grad():
         again = learner.chunk_log_prob(st.chunk_obs[:c], st.chunk_chain[:c])
-    # the stored chains under the same parameters: the same log-probabilities, to the bit
-    assert torch.equal(again, st.chunk_logp[:c])
+    # the stored chains under the same parameters: the same log-probabilities, up to the
+    # rounding of elementwise kernels (sigmoid, log), whose vectorized body and scalar tail
+    # differ in the last bit, so a batch of 3 chunks at acting and of all at once disagree
+    # by ~1e-7
+    torch.testing.assert_close(again, st.chunk_logp[:c], rtol=0.0, atol=1e-6)
     stats = learner.update()
     assert np.isfinite(stats["policy_loss"]) and stats["minibatch_steps"] == 4
-    assert 0.05 <= stats["noise_std"] <= 0.2
+    # ReinFlowConfig's bounds (0.1, 0.24) replace the policy's (0.05, 0.2)
+    assert 0.1 <= stats["noise_std"] <= 0.24
 
 
 @pytest.mark.parametrize("train_velocity", [True, False])
@@ -148,7 +152,7 @@ def test_update_changes_only_the_networks_meant_to_train(train_velocity):
     for prefix in trains:
         assert any(k.startswith(prefix) for k in changed), prefix
     assert int(after["ft_steps"]) == 2
-    assert after["noise_bounds"].tolist() == pytest.approx([0.05, 0.3])
+    assert after["noise_bounds"].tolist() == pytest.approx([0.1, 0.3])
     opt = {id(q) for g in learner.optimizer.param_groups for q in g["params"]}
     assert bool(opt & {id(q) for q in policy.actor.parameters()}) == train_velocity
 
