@@ -135,12 +135,14 @@ class FlowConfig(ChunkConfig):
     """Train a shortcut model (the network takes the step size; one-step sampling works);
     False: plain flow matching, and the sampler always asks for the instantaneous
     velocity."""
-    shortcut_max_steps: int = 4
+    shortcut_max_steps: int = 16
     """Self-consistency trains the step sizes 1/K for K = 1..this; finer half steps use
-    the instantaneous velocity (and so does a sampler with more steps than this). 4, the
-    sampler's default steps, puts half the consistency rows on the one-step size: on
-    the flow benchmark's halfcheetah (3 seeds) one step then returned 1 036 against
-    four steps' 987, where 16 gave 883 against 1 055 (docs/benchmarks_flow.md)."""
+    the instantaneous velocity (and so does a sampler with more steps than this). 4
+    puts half the consistency rows on the one-step size, for a policy deployed at one
+    step: on the flow benchmark's halfcheetah (3 seeds) one step then returned 1 036
+    against four steps' 987, where 16 gives 883 against 1 055; but RL fine-tuning from
+    it did worse (seed 0: ReinFlow 1 825 against 2 136, FPO 1 064 against 1 678; hopper
+    FPO 317 against 685), so 16 stays the default (docs/benchmarks_flow.md)."""
     consistency_fraction: float = 0.25
     """Fraction of each behaviour-cloning batch trained on the self-consistency target
     (the rest on flow matching); ignored without shortcut."""
