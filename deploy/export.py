@@ -78,6 +78,25 @@ Exporter = Callable[[nn.Module, PolicyMetadata], nn.Module]
 _EXPORTERS: dict[str, Exporter] = {}
 
 
+def _mish_symbolic(g: Any, x: Any) -> Any:
+    """Mish as x * n / (2 - n), n = s (2 - s), s = sigmoid(x): tanh(softplus(x)) written
+    with one sigmoid. The exporter's own form (Softplus, Tanh, Mul) costs onnxruntime
+    ~3.7 us per 256-wide activation at batch 1 (its Softplus is not vectorized); this one
+    ~2 us, so a 256x3 mish MLP runs in 21 us instead of 26. No cancellation: n is in
+    [0, 1] and 2 - n in [1, 2]; where sigmoid saturates n -> 1 gives x and n -> 0 gives
+    0, as mish does. Within 3e-6 of torch's mish over [-100, 100], the largest errors in
+    the far negative tail (x ~ -17), where onnxruntime's sigmoid is approximate and mish
+    is ~1e-6 itself."""
+    two = g.op("Constant", value_t=torch.tensor(2.0))
+    s = g.op("Sigmoid", x)
+    n = g.op("Mul", s, g.op("Sub", two, s))
+    return g.op("Div", g.op("Mul", x, n), g.op("Sub", two, n))
+
+
+# registered for every opset the TorchScript exporter writes (9 and up)
+torch.onnx.register_custom_op_symbolic("aten::mish", _mish_symbolic, 9)
+
+
 class ExportError(RuntimeError):
     """The export failed: no exporter for the family, a non-finite weight or output, or the
     ONNX graph disagrees with torch."""

@@ -23,6 +23,7 @@ Here:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ __all__ = [
     "ChunkInfo",
     "ChunkNet",
     "ChunkPolicy",
+    "FixedTimeNet",
     "gaussian_log_prob_per_dim",
     "mlp",
     "reduce_last",
@@ -161,6 +163,7 @@ class ChunkNet(nn.Module):
     ) -> None:
         super().__init__()
         self.time_dim = int(time_dim)
+        self.chunk_dim = int(chunk_dim)
         if time_in is not None:
             self.time_mlp = mlp([time_in, 2 * time_dim, time_dim], activation)
         self.net = mlp([chunk_dim + time_dim + obs_dim, *hidden, chunk_dim], activation, out_gain)
@@ -168,6 +171,45 @@ class ChunkNet(nn.Module):
     def forward(self, x: torch.Tensor, emb: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
         """x [B, chunk_dim], emb [B, time_dim], obs [B, obs_dim] -> [B, chunk_dim]."""
         return self.net(torch.cat([x, emb, obs], dim=-1))
+
+    def at_time(self, emb: torch.Tensor) -> FixedTimeNet:
+        """This network at one fixed embedding ``emb`` [time_dim] (a sampler step of the
+        deployed graph); its layers after the first are shared, not copied."""
+        return FixedTimeNet(self, emb)
+
+
+class FixedTimeNet(nn.Module):
+    """f(x, obs) = net(x, emb, obs) at a fixed embedding, for the deployed samplers.
+
+    The embedding's share of the first layer, W_emb @ emb, is a constant: it is folded
+    into that layer's bias (in float64, then rounded once). In the exported graph this
+    removes what the embedding cost at every sampling step (a constant broadcast over the
+    batch: shape, expand and concat nodes, ~6 of them), which at batch 1 costs about as
+    much as a 256-wide layer. The result equals the unfolded network's to float32
+    rounding (the sum runs in another order).
+    """
+
+    def __init__(self, net: ChunkNet, emb: torch.Tensor) -> None:
+        super().__init__()
+        first = net.net[0]
+        if not isinstance(first, nn.Linear):
+            raise TypeError(
+                f"FixedTimeNet needs a ChunkNet whose first layer is linear, got {first}"
+            )
+        c, t = net.chunk_dim, net.time_dim
+        if tuple(emb.shape) != (t,):
+            raise ValueError(f"embedding of shape {tuple(emb.shape)}, the network takes ({t},)")
+        with torch.no_grad():
+            w = first.weight.detach()
+            self.first = nn.Linear(w.shape[1] - t, w.shape[0]).to(w.device, w.dtype)
+            self.first.weight.copy_(torch.cat([w[:, :c], w[:, c + t :]], dim=1))
+            bias = first.bias.double() + w[:, c : c + t].double() @ emb.double()
+            self.first.bias.copy_(bias.to(w.dtype))
+        self.rest = net.net[1:]
+
+    def forward(self, x: torch.Tensor, obs: torch.Tensor) -> torch.Tensor:
+        """x [B, chunk_dim], obs [B, obs_dim] -> [B, chunk_dim]."""
+        return self.rest(self.first(torch.cat([x, obs], dim=-1)))
 
 
 def gaussian_log_prob_per_dim(
@@ -426,7 +468,10 @@ class ChunkInference(nn.Module):
         self.action_size = policy.action_size
         self.register_buffer("action_low", policy.action_low.clone())
         self.register_buffer("action_high", policy.action_high.clone())
-        self.register_buffer("positions", torch.arange(self.act_steps, dtype=torch.float32))
+        # [1, Ta, 1]: compared with the position [B, 1, 1] it is the one-hot of the action
+        # to execute, already shaped to weigh the chunk [B, Ta, A]
+        positions = torch.arange(self.act_steps, dtype=torch.float32).view(1, -1, 1)
+        self.register_buffer("positions", positions)
 
     def initial_state(self, batch: int = 1) -> tuple[torch.Tensor, ...]:
         if self.act_steps == 1:
@@ -442,10 +487,25 @@ class ChunkInference(nn.Module):
         """The whole chunk [B, Tp, A] in env units, from the noise input."""
         raise NotImplementedError
 
-    def _to_env_units(self, x: torch.Tensor, batch: int) -> torch.Tensor:
+    def _to_env_units(self, x: torch.Tensor) -> torch.Tensor:
         """A normalized chunk [B, Tp * A], clipped to [-1, 1] -> [B, Tp, A] in env units."""
-        x = x.clamp(-1.0, 1.0).view(batch, self.horizon, self.action_size)
+        # view(-1, ...) keeps the graph's reshape a constant (a batch read from a shape
+        # would add four nodes)
+        x = x.clamp(-1.0, 1.0).view(-1, self.horizon, self.action_size)
         return self.action_low + 0.5 * (x + 1.0) * (self.action_high - self.action_low)
+
+    def folded(self) -> ChunkInference:
+        """A copy for export whose sampler runs each step as a :class:`FixedTimeNet` (the
+        step's time folded into its first layer): the same function to float32
+        rounding, with fewer graph nodes. This module stays as it is, so an evaluation
+        in torch gives the same numbers bit for bit whatever the export does."""
+        out = copy.deepcopy(self)
+        out._fold()
+        return out
+
+    def _fold(self) -> None:
+        """Build the folded step networks in place (:meth:`folded`'s copy)."""
+        raise NotImplementedError
 
     def forward(self, obs: torch.Tensor, noise: torch.Tensor, *state: torch.Tensor):
         chunk = self.sample_chunk(obs, noise)
@@ -453,11 +513,10 @@ class ChunkInference(nn.Module):
             return chunk[:, 0]
         stored, step = state
         idx = torch.clamp(torch.round(step), 0.0, float(self.act_steps - 1))  # [B, 1]
-        fresh = (idx == 0.0).unsqueeze(-1)  # [B, 1, 1]
-        current = torch.where(fresh, chunk[:, : self.act_steps], stored)
-        onehot = (self.positions.unsqueeze(0) == idx).to(current.dtype)  # [B, Ta]
-        action = (current * onehot.unsqueeze(-1)).sum(dim=1)
-        next_step = torch.where(
-            idx + 1.0 >= float(self.act_steps), torch.zeros_like(idx), idx + 1.0
-        )
+        at = idx.unsqueeze(-1)  # [B, 1, 1]
+        head = chunk if self.act_steps == self.horizon else chunk[:, : self.act_steps]
+        current = torch.where(at == 0.0, head, stored)
+        action = (current * (self.positions == at).to(current.dtype)).sum(dim=1)
+        # idx is a whole number below act_steps, so the remainder is exact
+        next_step = torch.fmod(idx + 1.0, float(self.act_steps))
         return action, current, next_step

@@ -549,32 +549,42 @@ class DiffusionInference(ChunkInference):
                 net = self.actor_ft if use_ft[k] and self.actor_ft is not None else self.actor
                 temb.append(net.embed_time(torch.tensor([chain.timesteps[k]])).squeeze(0))
         self.register_buffer("temb", torch.stack(temb))
+        self.denoise: nn.ModuleList | None = None  # the folded steps (export)
         self._init_chunk_execution(policy)
         self.register_buffer("canonical_noise", policy.canonical_noise.reshape(1, -1).clone())
+
+    def _net(self, k: int) -> nn.Module:
+        return self.actor_ft if self.use_ft[k] and self.actor_ft is not None else self.actor
+
+    def _fold(self) -> None:
+        self.denoise = nn.ModuleList(
+            self._net(k).at_time(self.temb[k]) for k in range(self.chain.num_steps)
+        )
 
     def sample_chunk(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The whole chunk [B, Tp, A] in env units, from x_0 = noise."""
         feat = self.normalizer(obs)
         b = obs.shape[0]
-        x = noise.reshape(b, -1)
+        x = noise.flatten(1)
         # all-zero noise (the runtime's deterministic mode) selects the canonical draw
         zero = x.abs().amax(dim=-1, keepdim=True) == 0.0
-        x = torch.where(zero, self.canonical_noise.expand(b, -1), x)
+        x = torch.where(zero, self.canonical_noise, x)
         c = self.chain
         for k in range(c.num_steps):
-            net = self.actor_ft if self.use_ft[k] and self.actor_ft is not None else self.actor
-            temb = self.temb[k].unsqueeze(0).expand(b, -1)
-            eps = net(x, temb, feat)
+            if self.denoise is not None:
+                eps = self.denoise[k](x, feat)
+            else:
+                eps = self._net(k)(x, self.temb[k].unsqueeze(0).expand(b, -1), feat)
             x0 = (x - c.sqrt_1m_ab[k] * eps) / c.sqrt_ab[k]
             if self.clip_sample > 0:
                 x0 = x0.clamp(-self.clip_sample, self.clip_sample)
             eps = (x - c.sqrt_ab[k] * x0) / c.sqrt_1m_ab[k]
             x = c.sqrt_ab_prev[k] * x0 + c.dir_coef[k] * eps
-        return self._to_env_units(x, b)
+        return self._to_env_units(x)
 
 
 def diffusion_exporter(module: nn.Module, meta: Any) -> nn.Module:
     """deploy.export's exporter for the "diffusion" family: the inference module already
     follows the graph layout; check that the metadata describes it."""
     DiffusionInfo.of(module).check_metadata(meta)
-    return module
+    return module.folded()

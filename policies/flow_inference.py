@@ -83,32 +83,51 @@ class FlowInference(ChunkInference):
             self.register_buffer("vemb", self.actor.embed(t, d))
             if self.noise_net is not None:
                 self.register_buffer("nemb", self.noise_net.embed(t))
+        self.velocity: nn.ModuleList | None = None  # the folded steps (export)
+        self.noise_scale: nn.ModuleList | None = None
         lo, hi = (float(v) for v in policy.noise_bounds)
         self.noise_lo, self.noise_span = lo, hi - lo
         self._init_chunk_execution(policy)
+
+    def _fold(self) -> None:
+        actor = copy.deepcopy(self.actor)
+        with torch.no_grad():
+            # the Euler step's 1 / K folded into the velocity's last layer too: the graph
+            # gets each step's displacement, one division per step fewer
+            actor.net[-1].weight.div_(self.steps)
+            actor.net[-1].bias.div_(self.steps)
+        self.velocity = nn.ModuleList(actor.at_time(e) for e in self.vemb)
+        if self.noise_net is not None:
+            self.noise_scale = nn.ModuleList(self.noise_net.at_time(e) for e in self.nemb)
 
     def sample_chunk(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """The whole chunk [B, Tp, A] in env units, from the noise input."""
         feat = self.normalizer(obs)
         b = obs.shape[0]
         if self.stochastic:
-            noise = noise.reshape(b, self.steps + 1, self.chunk_dim)
+            noise = noise.flatten(2)  # [B, K + 1, chunk_dim]
             x = noise[:, 0]
         else:
-            x = noise.reshape(b, self.chunk_dim)
+            x = noise.flatten(1)
         for k in range(self.steps):
-            v = self.actor(x, self.vemb[k].unsqueeze(0).expand(b, -1), feat)
-            x_next = x + v / self.steps
+            if self.velocity is not None:
+                x_next = x + self.velocity[k](x, feat)
+            else:
+                v = self.actor(x, self.vemb[k].unsqueeze(0).expand(b, -1), feat)
+                x_next = x + v / self.steps
             if self.noise_net is not None:
-                raw = self.noise_net(x, self.nemb[k].unsqueeze(0).expand(b, -1), feat)
+                if self.noise_scale is not None:
+                    raw = self.noise_scale[k](x, feat)
+                else:
+                    raw = self.noise_net(x, self.nemb[k].unsqueeze(0).expand(b, -1), feat)
                 std = self.noise_lo + self.noise_span * torch.sigmoid(raw)
                 x_next = x_next + std * noise[:, k + 1]
             x = x_next
-        return self._to_env_units(x, b)
+        return self._to_env_units(x)
 
 
 def flow_exporter(module: nn.Module, meta: Any) -> nn.Module:
     """deploy.export's exporter for the "flow" family: the inference module already
     follows the graph layout; check that the metadata describes it."""
     FlowInfo.of(module).check_metadata(meta)
-    return module
+    return module.folded()

@@ -119,6 +119,27 @@ def test_mlp_parity_on_random_observations(tmp_path, obs, act):
     assert read_parity(path) <= TOL
 
 
+def test_mish_exports_as_one_sigmoid_within_float_rounding(tmp_path):
+    """deploy.export writes mish with one Sigmoid (no Softplus, which onnxruntime
+    evaluates slowly); over [-100, 100], saturation included, it stays within 3e-6 of
+    torch's mish (onnxruntime's sigmoid is approximate in its far tail, near x = -17,
+    where mish itself is ~1e-6), and within 1e-6 relative for x > 0."""
+    path = tmp_path / "mish.onnx"
+    x = torch.linspace(-100.0, 100.0, 400_001).view(1, -1)
+    with torch.no_grad():
+        torch.onnx.export(nn.Mish(), (x,), str(path), dynamo=False, opset_version=17)
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert "Softplus" not in ops and ops.count("Sigmoid") == 1, ops
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    want = torch.nn.functional.mish(x).numpy()
+    np.testing.assert_allclose(got, want, atol=3e-6, rtol=0)
+    pos = x.numpy() > 0
+    assert (np.abs(got - want)[pos] / want[pos]).max() < 1e-6
+
+
 @pytest.mark.parametrize("rnn,layers", [("gru", 1), ("lstm", 2)])
 def test_recurrent_parity_over_a_sequence(tmp_path, rnn, layers):
     module = _module(10, 3, rnn, layers, seed=1)

@@ -157,6 +157,55 @@ def test_inference_module_executes_chunks_like_torch_sampling():
     assert bool((step == 0).all())  # act_steps = 2: the next call samples again
 
 
+def test_fixed_time_net_equals_the_network_at_that_time():
+    """The deployed samplers fold each step's time embedding into the first layer's bias
+    (chunked.FixedTimeNet): the same function to float32 rounding."""
+    p = _policy()
+    net = p.actor
+    x, obs = torch.randn(32, net.chunk_dim), torch.randn(32, OBS)
+    for t in (0, 7, 19):
+        emb = net.embed_time(torch.tensor([t])).squeeze(0)
+        with torch.no_grad():
+            want = net(x, emb.expand(32, -1), obs)
+            got = net.at_time(emb)(x, obs)
+        assert want.abs().mean() > 0.05
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=0)
+    with pytest.raises(ValueError, match="embedding of shape"):
+        net.at_time(torch.zeros(3))
+    # the export's folded sampler: the same chunks to rounding, the module untouched
+    p.enable_finetuning(1)
+    m = p.inference_module()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    f = m.folded()
+    noise = torch.randn(32, 3, ACT)
+    chunk, step = m.initial_state(32)
+    torch.testing.assert_close(
+        f(obs, noise, chunk, step), m(obs, noise, chunk, step), atol=1e-5, rtol=0
+    )
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    assert m.denoise is None and len(f.denoise) == m.chain.num_steps
+
+
+def test_chunk_execution_cycles_through_the_whole_chunk():
+    """act_steps == horizon: positions 0..Ta-1 in turn, then a new chunk; a position out
+    of range (a corrupted state) is clamped into the chunk."""
+    p = _policy(horizon=3, act_steps=3)
+    m = p.inference_module()
+    obs, noise = torch.randn(2, OBS), torch.randn(2, 3, ACT)
+    ref = p.sample(obs, noise=noise, chain=p.chain(eta=0.0)).actions
+    chunk, step = m.initial_state(2)
+    seen = []
+    for i in range(4):
+        a, chunk, step = m(obs, noise if i in (0, 3) else torch.randn(2, 3, ACT), chunk, step)
+        seen.append(step[:, 0].tolist())
+        torch.testing.assert_close(a, ref[:, i % 3], atol=1e-5, rtol=0)
+    assert seen == [[1.0, 1.0], [2.0, 2.0], [0.0, 0.0], [1.0, 1.0]]
+    a, _, nxt = m(obs, noise, chunk, torch.tensor([[7.0], [-3.0]]))
+    torch.testing.assert_close(a[0], chunk[0, 2])  # 7 -> the last position
+    torch.testing.assert_close(a[1], ref[1, 0], atol=1e-5, rtol=0)  # -3 -> 0: a new chunk
+    assert nxt[:, 0].tolist() == [0.0, 1.0]
+
+
 def test_onnx_export_parity_with_torch_sampling(tmp_path):
     from deploy.export import export_policy, register_exporter, registered_families
     from deploy.metadata import PolicyMetadata

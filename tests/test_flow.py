@@ -193,6 +193,29 @@ def test_finetuning_state_round_trips():
     assert q.noise_bounds.tolist() == pytest.approx([0.1, 0.3])
 
 
+@pytest.mark.parametrize("stochastic", [False, True], ids=["deterministic", "stochastic"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_folded_sampler_equals_the_module(steps, stochastic):
+    """The export's sampler (each Euler step's time and 1 / K folded into the networks,
+    chunked.FixedTimeNet) gives the same chunks to float32 rounding, and folding leaves
+    the module that training evaluates untouched."""
+    p = _policy(sample_steps=4)
+    m = p.inference_module(steps, stochastic=stochastic)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    f = m.folded()
+    obs = torch.randn(32, OBS)
+    noise = torch.randn(32, *m.info.noise_shape)
+    state = m.initial_state(32)
+    with torch.no_grad():
+        want, got = m(obs, noise, *state), f(obs, noise, *state)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+    assert want[0].abs().mean() > 0.05
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    assert m.velocity is None and len(f.velocity) == steps
+    assert (f.noise_scale is not None) == stochastic
+
+
 def _meta(module, family="flow"):
     from deploy.metadata import PolicyMetadata
 
@@ -263,7 +286,8 @@ def test_exporter_checks_the_metadata():
     p = _policy(sample_steps=2)
     m = p.inference_module(stochastic=True)
     meta = _meta(m)
-    assert flow_exporter(m, meta) is m
+    wrapped = flow_exporter(m, meta)  # the folded copy (see the test above)
+    assert wrapped is not m and len(wrapped.velocity) == 2 and m.velocity is None
     import dataclasses
 
     with pytest.raises(ValueError, match="noise_shape"):
