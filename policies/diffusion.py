@@ -585,6 +585,7 @@ class DiffusionInference(ChunkInference):
 
 def diffusion_exporter(module: nn.Module, meta: Any) -> nn.Module:
     """deploy.export's exporter for the "diffusion" family: the inference module already
-    follows the graph layout; check that the metadata describes it."""
+    follows the graph layout; check that the metadata describes it and export its
+    folded copy (:meth:`policies.chunked.ChunkInference.folded`), fewer nodes per step."""
     DiffusionInfo.of(module).check_metadata(meta)
     return module.folded()
