@@ -160,6 +160,28 @@ def test_ratio_is_exactly_one_before_the_first_update():
     assert stats["cfm_loss_old"] > 0 and stats["consistency_loss"] >= 0
 
 
+@pytest.mark.parametrize("clip", [True, False])
+def test_stored_chunks_are_the_executed_ones(clip):
+    """With clip_chunks (the default) FPO learns from the chunk as executed, clipped to
+    the bounds; without, from the sampler's raw end. The policy's velocity is scaled so
+    that its raw chunks leave [-1, 1]."""
+    policy = _policy()
+    with torch.no_grad():
+        policy.actor.net[-1].weight.mul_(40.0)
+        policy.actor.net[-1].bias.add_(3.0)
+    learner = _learner(policy, clip_chunks=clip)
+    _rollout(learner)
+    c = learner.storage.num_chunks
+    stored = learner.storage.chunk_chain[:c, 0]
+    assert stored.abs().max() > 1.5 if not clip else stored.abs().max() <= 1.0
+    if clip:
+        assert (stored.abs() == 1.0).float().mean() > 0.3  # many entries sat on a bound
+    # L_old is the flow-matching loss of what was stored
+    obs = learner.storage.chunk_obs[:c]
+    want = _cfm_by_hand(policy, obs, stored, learner.tau[:c], learner.eps[:c])
+    torch.testing.assert_close(learner.loss_old[:c].mean(-1), want, rtol=1e-4, atol=1e-5)
+
+
 def _target(obs: torch.Tensor) -> torch.Tensor:
     return torch.stack([0.5 * torch.sign(obs[:, 0]), torch.full((obs.shape[0],), -0.5)], -1)
 
