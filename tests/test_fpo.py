@@ -182,6 +182,19 @@ def test_stored_chunks_are_the_executed_ones(clip):
     torch.testing.assert_close(learner.loss_old[:c].mean(-1), want, rtol=1e-4, atol=1e-5)
 
 
+def test_clip_chunks_defaults_by_start_and_survives_resume():
+    """None: clipped from scratch (a normalizer that has seen nothing), raw from a
+    pretrained start; an explicit value wins; the choice travels in the state."""
+    assert _learner(_policy(fit=False)).clip_chunks is True
+    assert _learner(_policy(fit=True)).clip_chunks is False
+    assert _learner(_policy(fit=True), clip_chunks=True).clip_chunks is True
+    scratch = _learner(_policy(fit=False))
+    state = scratch.state_dict()
+    fitted = _learner(_policy(fit=True))  # what a resumed scratch run's policy looks like
+    fitted.load_state_dict(state)
+    assert fitted.clip_chunks is True
+
+
 def _target(obs: torch.Tensor) -> torch.Tensor:
     return torch.stack([0.5 * torch.sign(obs[:, 0]), torch.full((obs.shape[0],), -0.5)], -1)
 

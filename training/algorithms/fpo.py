@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -83,14 +85,17 @@ class FPOConfig(FlowLearnerConfig):
     explore_std: float = 0.0
     """Std of Gaussian noise added to each sampled chunk (normalized action units) for
     exploration beyond the sampler's own x0 ~ N(0, I) (0: none, as the paper)."""
-    clip_chunks: bool = True
+    clip_chunks: bool | None = None
     """Learn from the chunk as executed, clipped to the action bounds ([-1, 1] normalized),
-    not from the sampler's raw end x1. Beyond the bounds every x1 acts alike, so nothing
-    holds it there: in FPO from scratch (1M steps, 2026-12-05) 60-70% of the entries of
-    x1 lay outside [-1, 1], their largest grew from 7 to 75 (hopper seed 1, 40k to 290k
-    steps), the flow-matching losses of such chunks with them, until one minibatch step
-    moved a chunk's loss by 16 (a ratio of 1.5e7) and the run diverged (hopper seed 1 at
-    300k, halfcheetah seed 1 at 700k). Clipped, the targets stay in the bounds."""
+    instead of the sampler's raw end x1 (None: clipped from scratch, i.e. when the
+    policy's normalizer has seen no data; raw from a pretrained start). Beyond the bounds
+    every x1 acts alike, so nothing holds it there: in FPO from scratch (1M steps,
+    2026-12-05) 60-70% of the entries of x1 lay outside [-1, 1], their largest grew from 7
+    to 75 (hopper seed 1, 40k to 290k steps), the flow-matching losses of such chunks
+    with them, until one minibatch step moved a chunk's loss by 16 (a ratio of 1.5e7)
+    and the run diverged (hopper seed 1 at 300k, halfcheetah seed 1 at 700k); clipped,
+    both reran to 1M (1 039, 1 732). From flow BC no run diverged (6 of 6 at 1M), and
+    clipping slowed hopper seed 0 (861 against 1 491 raw), hence raw there."""
     consistency_coef: float = 1.0
     """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
     few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
@@ -141,6 +146,11 @@ class FPO(ChunkLearner):
         self.eps = torch.zeros(cap, n, self.horizon, self.action_size, **z)
         self.loss_old = torch.zeros(cap, n, **z)
         self._teacher: FlowPolicy | None = None  # set for the length of an update
+        clip = cfg.clip_chunks
+        if clip is None:  # from scratch: a normalizer that has seen nothing
+            count = getattr(self.policy.obs_normalizer, "count", None)
+            clip = count is not None and int(count) == 0
+        self.clip_chunks = bool(clip)
         # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
         return FineTuning(actor_params, 0, cfg.update_obs_normalizer)
 
@@ -156,7 +166,7 @@ class FPO(ChunkLearner):
         if cfg.explore_std > 0:
             noise = torch.randn(x1.shape, generator=self.generator).to(x1.device)
             x1 = x1 + cfg.explore_std * noise
-        if cfg.clip_chunks:
+        if self.clip_chunks:
             x1 = x1.clamp(-1.0, 1.0)
         tau = torch.rand(n, cfg.num_draws, generator=self.generator).to(x1.device)
         eps = torch.randn(n, cfg.num_draws, *x1.shape[1:], generator=self.generator)
@@ -200,6 +210,15 @@ class FPO(ChunkLearner):
         adv_n = adv.unsqueeze(-1).expand(-1, -1, n)
         mask_n = mask.unsqueeze(-1).expand(-1, -1, n)
         return rows.reshape(-1), adv_n.reshape(-1), mask_n.reshape(-1), new
+
+    def state_dict(self) -> dict[str, Any]:
+        # the choice made at the start: a resumed run from scratch has a fitted
+        # normalizer, which would otherwise read as a pretrained start
+        return {**super().state_dict(), "clip_chunks": self.clip_chunks}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.clip_chunks = bool(state.get("clip_chunks", self.clip_chunks))
 
     def update(self) -> dict[str, float]:
         # the self-consistency targets come from the rollout's parameters, frozen for the
