@@ -94,8 +94,10 @@ class FPOConfig(FlowLearnerConfig):
     to 75 (hopper seed 1, 40k to 290k steps), the flow-matching losses of such chunks
     with them, until one minibatch step moved a chunk's loss by 16 (a ratio of 1.5e7)
     and the run diverged (hopper seed 1 at 300k, halfcheetah seed 1 at 700k); clipped,
-    both reran to 1M (1 039, 1 732). From flow BC no run diverged (6 of 6 at 1M), and
-    clipping slowed hopper seed 0 (861 against 1 491 raw), hence raw there."""
+    both reran to 1M (1 039, 1 732). From flow BC no run diverged raw (6 of 6 at 1M);
+    clipped, hopper seed 0 slowed (861 against 1 491 raw) and halfcheetah seed 0
+    diverged at 800k through a runaway of the self-consistency term (0.1 -> 2e4 in 15
+    updates), hence raw there."""
     consistency_coef: float = 1.0
     """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
     few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
