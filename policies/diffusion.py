@@ -546,8 +546,7 @@ class DiffusionInference(ChunkInference):
         with torch.no_grad():
             temb = []
             for k in range(n):
-                net = self.actor_ft if use_ft[k] and self.actor_ft is not None else self.actor
-                temb.append(net.embed_time(torch.tensor([chain.timesteps[k]])).squeeze(0))
+                temb.append(self._net(k).embed_time(torch.tensor([chain.timesteps[k]])).squeeze(0))
         self.register_buffer("temb", torch.stack(temb))
         self.denoise: nn.ModuleList | None = None  # the folded steps (export)
         self._init_chunk_execution(policy)

@@ -34,7 +34,14 @@ from training.algorithms.base import OnPolicyConfig, OnPolicyLearnerState
 from training.core import gae, kl_early_stop
 from training.storage import ChunkRolloutStorage
 
-__all__ = ["ChunkLearner", "ChunkMinibatch", "FineTuning", "FlowLearnerConfig", "credit_chunks"]
+__all__ = [
+    "ChunkLearner",
+    "ChunkMinibatch",
+    "FineTuning",
+    "FlowLearnerConfig",
+    "credit_chunks",
+    "from_scratch",
+]
 
 
 @dataclass
@@ -117,6 +124,13 @@ def credit_chunks(
     return adv_c, mask_c
 
 
+def from_scratch(policy: ChunkPolicy) -> bool:
+    """Whether ``policy`` starts untrained: its observation normalizer has seen no data
+    (a behaviour-cloned policy's has)."""
+    count = getattr(policy.obs_normalizer, "count", None)
+    return count is not None and int(count) == 0
+
+
 class ChunkLearner(OnPolicyLearnerState):
     """Acting with action chunks, env-step rows, crediting and the epoch loop.
 
@@ -185,10 +199,7 @@ class ChunkLearner(OnPolicyLearnerState):
         self.current_chunk = torch.zeros(n, dtype=torch.long, device=self.device)
         self.chunk_actions = torch.zeros(n, self.act_steps, self.action_size, device=self.device)
         fit = tuning.update_obs_normalizer
-        if fit is None:
-            count = getattr(policy.obs_normalizer, "count", None)
-            fit = count is not None and int(count) == 0
-        self.fit_obs = bool(fit)
+        self.fit_obs = bool(from_scratch(policy) if fit is None else fit)
 
     def _prepare(self) -> FineTuning:
         """Make ``self.policy`` ready to train (which networks train, the chain it runs)

@@ -51,7 +51,13 @@ import torch
 
 from policies.chunked import REDUCTIONS
 from policies.flow import FlowPolicy
-from training.algorithms.chunks import ChunkLearner, ChunkMinibatch, FineTuning, FlowLearnerConfig
+from training.algorithms.chunks import (
+    ChunkLearner,
+    ChunkMinibatch,
+    FineTuning,
+    FlowLearnerConfig,
+    from_scratch,
+)
 from training.core import PolicyLossConfig, get_loss_config, policy_loss
 
 __all__ = ["FPO", "FPOConfig", "RATIO_GRANULARITIES"]
@@ -149,10 +155,7 @@ class FPO(ChunkLearner):
         self.loss_old = torch.zeros(cap, n, **z)
         self._teacher: FlowPolicy | None = None  # set for the length of an update
         clip = cfg.clip_chunks
-        if clip is None:  # from scratch: a normalizer that has seen nothing
-            count = getattr(self.policy.obs_normalizer, "count", None)
-            clip = count is not None and int(count) == 0
-        self.clip_chunks = bool(clip)
+        self.clip_chunks = bool(from_scratch(self.policy) if clip is None else clip)
         # the chunk table keeps x1 (a "chain" of one state); the draws live beside it
         return FineTuning(actor_params, 0, cfg.update_obs_normalizer)
 
