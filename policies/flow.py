@@ -189,6 +189,19 @@ class FlowConfig(ChunkConfig):
             raise bad("noise_max", f"must be >= noise_min ({self.noise_min})")
 
 
+def _toward_box(
+    v: torch.Tensor,
+    x: torch.Tensor,
+    t: torch.Tensor,
+    lo: torch.Tensor | float,
+    hi: torch.Tensor | float,
+) -> torch.Tensor:
+    """Velocity v at (x, t) clipped to the range a flow ending in [lo, hi] allows over the
+    rest of the path: (lo - x) / (1 - t) .. (hi - x) / (1 - t)."""
+    rest = 1.0 - t
+    return torch.minimum(torch.maximum(v, (lo - x) / rest), (hi - x) / rest)
+
+
 class VelocityNet(ChunkNet):
     """v(x_t, t, d, obs): an MLP over [x_t flattened, embedding of (t, d), obs features].
 
@@ -368,6 +381,41 @@ class FlowPolicy(ChunkPolicy):
         k = k.to(torch.float64)
         return (1.0 / k).to(like.device, like.dtype), (j / k).to(like.device, like.dtype)
 
+    def consistency_target(
+        self,
+        feat: torch.Tensor,
+        xt: torch.Tensor,
+        t: torch.Tensor,
+        big: torch.Tensor,
+        lo: torch.Tensor | float,
+        hi: torch.Tensor | float,
+        teacher: FlowPolicy | None = None,
+    ) -> torch.Tensor:
+        """The shortcut target for v(x_t, t, 2h) [n, Tp, A]: the mean of two half steps
+        of ``teacher``'s velocity network (default this one's), without gradient.
+
+        Each half step's velocity is held inside what a flow onto chunks within [lo, hi]
+        can have: from x at time s no average velocity leaves (lo - x) / (1 - s) ..
+        (hi - x) / (1 - s) (the marginal velocity points at E[x1 | x], which lies in the
+        box, and that keeps the path's end in it), so a correct teacher is never clipped
+        and the mean of the two half steps obeys the same bound at (x_t, t). A wrong
+        teacher can no longer feed its own outputs back through x_mid: FPO from flow BC
+        on halfcheetah (clipped chunks, seed 0) diverged at 790k steps that way, the
+        consistency loss 0.03 -> 1e6 in 10 updates (docs/benchmarks_flow.md)."""
+        n = xt.shape[0]
+        tt = t.view(n, 1, 1)
+        half = 0.5 * big
+        hh = half.view(n, 1, 1)
+        # half steps finer than the trained range ask for the instantaneous velocity
+        fine = half < (1.0 / self.cfg.shortcut_max_steps) - 1e-9
+        dq = torch.where(fine, torch.zeros_like(half), half)
+        net = self if teacher is None else teacher
+        with torch.no_grad():
+            v1 = _toward_box(net.velocity(xt, t, dq, feat), xt, tt, lo, hi)
+            x_mid = xt + hh * v1
+            v2 = _toward_box(net.velocity(x_mid, t + half, dq, feat), x_mid, tt + hh, lo, hi)
+            return 0.5 * (v1 + v2)
+
     def _consistency_error(
         self,
         feat: torch.Tensor,
@@ -375,25 +423,16 @@ class FlowPolicy(ChunkPolicy):
         x0: torch.Tensor,
         big: torch.Tensor,
         t: torch.Tensor,
-        target: FlowPolicy | None = None,
+        teacher: FlowPolicy | None = None,
+        data: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Squared error [n, Tp, A] of v(x_t, t, 2h) against the two-half-step target,
-        taken by ``target``'s velocity network (default: this one's, without gradient)."""
-        n = x1.shape[0]
-        tt = t.view(n, 1, 1)
+        """Squared error [n, Tp, A] of v(x_t, t, 2h) against :meth:`consistency_target`,
+        bounded by the range of ``data`` (default: x1)."""
+        tt = t.view(-1, 1, 1)
         xt = (1.0 - tt) * x0 + tt * x1
-        half = 0.5 * big
-        # half steps finer than the trained range ask for the instantaneous velocity
-        fine = half < (1.0 / self.cfg.shortcut_max_steps) - 1e-9
-        dq = torch.where(fine, torch.zeros_like(half), half)
-        teacher = self if target is None else target
-        with torch.no_grad():
-            v1 = teacher.velocity(xt, t, dq, feat)
-            x_mid = xt + half.view(n, 1, 1) * v1
-            v2 = teacher.velocity(x_mid, t + half, dq, feat)
-            target = 0.5 * (v1 + v2)
-        pred = self.velocity(xt, t, big, feat)
-        return (pred - target).square()
+        ref = (x1 if data is None else data).detach()
+        target = self.consistency_target(feat, xt, t, big, ref.min(), ref.max(), teacher)
+        return (self.velocity(xt, t, big, feat) - target).square()
 
     def _bc_loss(
         self, feat: torch.Tensor, x1: torch.Tensor, generator: torch.Generator | None
@@ -416,7 +455,7 @@ class FlowPolicy(ChunkPolicy):
         if n_sc == 0:
             return err.mean()
         big, t_sc = self._consistency_draws(n_sc, generator, x1)
-        err_sc = self._consistency_error(feat[n_fm:], x1[n_fm:], x0[n_fm:], big, t_sc)
+        err_sc = self._consistency_error(feat[n_fm:], x1[n_fm:], x0[n_fm:], big, t_sc, data=x1)
         return (err.sum() + err_sc.sum()) / (b * self.chunk_dim)
 
     def consistency_loss(

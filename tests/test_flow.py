@@ -165,6 +165,43 @@ def test_sampling_is_deterministic_given_noise_and_respects_bounds():
     )
 
 
+class _Teacher:
+    """A velocity field standing in for a teacher network: ``fn(x, t)``."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def velocity(self, x, t, d, feat):
+        return self.fn(x, t.view(-1, 1, 1))
+
+
+def test_consistency_target_is_exact_for_the_true_flow_and_bounded_for_a_runaway_teacher():
+    """The shortcut's two-half-step target keeps a correct teacher's velocity and holds a
+    wrong one to what a flow onto the data's range allows: a teacher that says 1e6 gives
+    the target that ends the path at the top of the data, not a million beyond it (its
+    outputs fed back through the midpoint is how FPO's consistency loss ran away)."""
+    policy = _policy()
+    g = torch.Generator().manual_seed(1)
+    n = 64
+    c = torch.rand(1, 3, ACT, generator=g) - 0.5  # every chunk the same: a point mass
+    x0 = torch.randn(n, 3, ACT, generator=g)
+    big, t = policy._consistency_draws(n, g, x0)
+    tt = t.view(-1, 1, 1)
+    xt = (1 - tt) * x0 + tt * c
+    feat = torch.zeros(n, 1)
+    lo, hi = c.min(), c.max()
+    # onto a point mass the flow is straight: every step's average velocity is (c - x)/(1 - t)
+    exact = _Teacher(lambda x, s: (c - x) / (1 - s))
+    target = policy.consistency_target(feat, xt, t, big, lo, hi, exact)
+    torch.testing.assert_close(target, (c - xt) / (1 - tt), rtol=1e-5, atol=1e-5)
+    runaway = _Teacher(lambda x, s: torch.full_like(x, 1e6))
+    target = policy.consistency_target(feat, xt, t, big, lo, hi, runaway)
+    torch.testing.assert_close(xt + (1 - tt) * target, hi.expand_as(xt), rtol=1e-5, atol=1e-5)
+    down = _Teacher(lambda x, s: torch.full_like(x, -1e6))
+    target = policy.consistency_target(feat, xt, t, big, lo, hi, down)
+    torch.testing.assert_close(xt + (1 - tt) * target, lo.expand_as(xt), rtol=1e-5, atol=1e-5)
+
+
 def test_inference_module_executes_chunks_like_torch_sampling():
     p = _policy(sample_steps=3)
     obs = torch.randn(4, OBS)
