@@ -289,6 +289,73 @@ def test_a_run_whose_updates_are_all_skipped_stops_naming_where_it_began(tmp_pat
     assert runner.train()["iterations"] == 20
 
 
+def _blow_up_from(runner, iteration: int) -> None:
+    """From ``iteration`` on, every update ends by scrambling the policy's weights and
+    reports the KL such an update has: finite steps that leave nothing of the policy."""
+    update = runner.alg.update
+
+    def blown():
+        stats = update()
+        if runner.iteration >= iteration:
+            with torch.no_grad():
+                for p in runner.policy.parameters():
+                    p.add_(0.5)
+            stats = {**stats, "approx_kl": 18.4}
+        return stats
+
+    runner.alg.update = blown
+
+
+def test_a_run_whose_finite_updates_blow_the_policy_up_stops_naming_the_checkpoint_before(
+    tmp_path,
+):
+    """Finite steps that each move the policy by a KL of 18 count as failed updates: the
+    run stops after max_stalled_updates of them and names the newest iter_N.pt from
+    before the first one, since latest.pt now holds the blown-up weights."""
+    from training.run_control import TrainingDiverged
+    from training.runner import OnPolicyRunner
+    from training.train_configs import build_ppo_config
+
+    tmp = tmp_path
+    over = QUIET + TINY + ["run.total_steps=800", "run.max_stalled_updates=3", "run.seed=0"]
+    runner = OnPolicyRunner(build_ppo_config("cartpole", over), tmp / "r")
+    _blow_up_from(runner, 10)  # updates 11, 12, 13 fail; iter_8.pt is every 4th
+    with pytest.raises(TrainingDiverged) as e:
+        runner.train()
+    msg = str(e.value)
+    assert "approximate KL above run.max_update_kl=5" in msg and "since iteration 11 " in msg
+    good = tmp / "r" / "checkpoints" / "iter_000008.pt"
+    assert f"the newest checkpoint from before it is {good}" in msg
+    assert runner.iteration == 13
+    assert load_checkpoint(good)["iteration"] == 8
+    # one normal update resets the count: the same blow-ups every other update never stop it
+    over[-2] = "run.max_stalled_updates=2"
+    runner = OnPolicyRunner(build_ppo_config("cartpole", over), tmp / "r2")
+    update = runner.alg.update
+
+    def every_other():
+        stats = update()
+        return {**stats, "approx_kl": 18.4} if runner.iteration % 2 else stats
+
+    runner.alg.update = every_other
+    assert runner.train()["iterations"] == 25
+    # 0 turns the KL watch off
+    over[-2] = "run.max_stalled_updates=3"
+    cfg = build_ppo_config("cartpole", over + ["run.max_update_kl=0"])
+    runner = OnPolicyRunner(cfg, tmp / "r0")
+    _blow_up_from(runner, 10)
+    assert runner.train()["iterations"] == 25
+
+
+def test_max_update_kl_must_be_a_nonnegative_number():
+    from training.config import ConfigError
+    from training.train_configs import build_ppo_config
+
+    for bad in ("-1", "nan"):
+        with pytest.raises(ConfigError, match="max_update_kl"):
+            build_ppo_config("cartpole", [f"run.max_update_kl={bad}"])
+
+
 def test_the_cli_reports_a_diverged_run_and_exits_nonzero(tmp_path, monkeypatch, capsys):
     import training.runner as runner_module
 

@@ -95,51 +95,90 @@ def train_loop(
 
 
 class TrainingDiverged(RuntimeError):
-    """A run whose updates have all been skipped as non-finite for too long: it learns
-    nothing more, so it stops (its checkpoint keeps the last good weights)."""
+    """A run whose updates have for too long been skipped as non-finite, or moved the
+    policy by an absurd KL: it learns nothing more, so it stops and names the checkpoint
+    to go back to."""
 
 
 class StallWatch:
-    """Counts consecutive updates that took no optimizer step because every step (or the
-    whole batch) was non-finite (training.core.guard skips them and never rolls back).
+    """Counts consecutive failed updates: ones that took no optimizer step because every
+    step (or the whole batch) was non-finite (training.core.guard skips them and never
+    rolls back), and ones whose steps were finite but moved the policy by an approximate
+    KL above ``kl_limit`` (the learner's ``approx_kl``; 0: not watched).
 
     A diverged run otherwise spins to its budget doing nothing: FPO from scratch on
     hopper once skipped every step for 230 iterations after its consistency term blew
-    up. ``limit`` consecutive stalled updates raise :class:`TrainingDiverged` (0: never).
+    up, and FPO from flow BC on halfcheetah ran 180k steps on weights whose losses were
+    1e16, its updates finite (KL 18 per update for 52 updates, then alternating skipped
+    and finite ones, which a watch of skipped steps alone never counted to its limit).
+    ``limit`` consecutive failed updates raise :class:`TrainingDiverged` (0: never).
     """
 
-    def __init__(self, limit: int, name: str) -> None:
+    def __init__(self, limit: int, name: str, kl_limit: float = 0.0) -> None:
         self.limit = int(limit)
         self.name = name
+        self.kl_limit = float(kl_limit)
         self.stalled = 0
+        self.moved = False  # a failed update of this streak took (finite) steps
         self.first: tuple[int, int] | None = None  # (iteration, env step) of the stall
         self._skipped: float | None = None
 
     def observe(self, stats: dict[str, float], iteration: int, env_steps: int) -> None:
-        """After an update: ``stats`` with the learner's ``minibatch_steps`` and its
-        cumulative ``nonfinite_steps`` (learners without them are not watched)."""
+        """After an update: ``stats`` with the learner's ``minibatch_steps``, its
+        cumulative ``nonfinite_steps`` and ``approx_kl`` (learners without the first two
+        are not watched)."""
         steps, skipped = stats.get("minibatch_steps"), stats.get("nonfinite_steps")
         if steps is None or skipped is None:
             return
         grew = self._skipped is None or skipped > self._skipped
         self._skipped = skipped
-        if steps == 0 and grew:
+        kl = stats.get("approx_kl")
+        blown = steps > 0 and self.kl_limit > 0 and kl is not None and not kl <= self.kl_limit
+        if (steps == 0 and grew) or blown:
             if self.stalled == 0:
                 self.first = (iteration, env_steps)
+                self.moved = False
             self.stalled += 1
+            self.moved = self.moved or blown
         else:
-            self.stalled, self.first = 0, None
+            self.stalled, self.first, self.moved = 0, None, False
 
     @property
     def diverged(self) -> bool:
         return self.limit > 0 and self.stalled >= self.limit
 
-    def error(self, checkpoint: Path) -> TrainingDiverged:
+    def error(self, checkpoint: Path, earlier: Path | None = None) -> TrainingDiverged:
+        """The stop, naming ``checkpoint`` (just saved) or, when the failed updates
+        changed the weights, ``earlier``: the newest checkpoint from before they began."""
         it, steps = self.first or (0, 0)
-        return TrainingDiverged(
-            f"{self.name}: the last {self.stalled} updates took no step, every step or "
-            f"batch non-finite since iteration {it} (env step {steps}): the run has "
-            f"diverged and stopped. {checkpoint} holds the weights of the last good step; "
-            "resume from an earlier checkpoint (checkpoints/iter_*.pt) with a lower rate, "
-            "or set run.max_stalled_updates=0 to train on regardless"
+        if not self.moved:
+            return TrainingDiverged(
+                f"{self.name}: the last {self.stalled} updates took no step, every step or "
+                f"batch non-finite since iteration {it} (env step {steps}): the run has "
+                f"diverged and stopped. {checkpoint} holds the weights of the last good "
+                "step; resume from an earlier checkpoint (checkpoints/iter_*.pt) with a "
+                "lower rate, or set run.max_stalled_updates=0 to train on regardless"
+            )
+        back = (
+            f"the newest checkpoint from before it is {earlier}"
+            if earlier is not None
+            else "no checkpoint from before it was kept"
         )
+        return TrainingDiverged(
+            f"{self.name}: the last {self.stalled} updates moved the policy by an "
+            f"approximate KL above run.max_update_kl={self.kl_limit:g} (or took no step) "
+            f"since iteration {it} (env step {steps}): the run has diverged and stopped. "
+            f"Those updates changed the weights, so {checkpoint} holds diverged ones; "
+            f"{back}. Resume from it with a lower rate, or set run.max_update_kl=0 to "
+            "train on regardless"
+        )
+
+
+def checkpoint_before(directory: Path, iteration: int, suffix: str = "") -> Path | None:
+    """The newest ``iter_N{suffix}.pt`` in ``directory`` with N < ``iteration``, if any."""
+    best: tuple[int, Path] | None = None
+    for p in directory.glob(f"iter_*{suffix}.pt"):
+        stem = p.name[len("iter_") : -len(f"{suffix}.pt")]
+        if stem.isdigit() and int(stem) < iteration and (best is None or int(stem) > best[0]):
+            best = (int(stem), p)
+    return None if best is None else best[1]

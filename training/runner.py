@@ -38,7 +38,7 @@ from training.policy_kinds import (
     evaluate_policy,
     make_env,
 )
-from training.run_control import StallWatch, code_version, train_loop
+from training.run_control import StallWatch, checkpoint_before, code_version, train_loop
 from training.run_dir import prepare_run_dir
 
 __all__ = ["OnPolicyRunner", "parameters_vector", "run_payload"]
@@ -110,7 +110,9 @@ class OnPolicyRunner:
                     dist.broadcast(t, src=0)
         self.policy.train()
         self.section = getattr(cfg, self.learner.section)
-        self.stall = StallWatch(cfg.run.max_stalled_updates, self.learner.name)
+        self.stall = StallWatch(
+            cfg.run.max_stalled_updates, self.learner.name, cfg.run.max_update_kl
+        )
         # constraints as terminations: on with constraints.enabled; the violations of a task
         # that declares constraints are logged either way
         constraints = getattr(cfg, "constraints", None) or ConstraintsConfig()
@@ -323,7 +325,10 @@ class OnPolicyRunner:
         self.logger.advance(self.steps_per_iteration, ret=f"{ret:.1f}", sps=f"{fps:,.0f}")
         if self.stall.diverged:
             self.logger.close()
-            raise self.stall.error(self.save())
+            first = (self.stall.first or (0, 0))[0]
+            suffix = "" if self.rank == 0 else f".rank{self.rank}"
+            earlier = checkpoint_before(self.run_dir / "checkpoints", first, suffix)
+            raise self.stall.error(self.save(), earlier)
         return self.iteration
 
     def train(self) -> dict[str, Any]:

@@ -185,11 +185,18 @@ class RunConfig(RunOutputConfig):
     """Stop the run (checkpoint saved, error naming where it began) after this many
     consecutive updates in which every optimizer step was skipped as non-finite: a
     diverged run learns nothing more. 0: train on regardless."""
+    max_update_kl: float = 5.0
+    """An update whose approximate KL from the rollout's policy exceeds this counts toward
+    max_stalled_updates like a skipped one: its steps were finite but the policy it
+    leaves has nothing left of the one before (healthy runs here stay under 0.3; FPO's
+    runaway of 2026-12-05 reported 18 for 52 updates in a row). 0: not watched."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check = FieldChecks(self)
         check.ints("torch_threads", "eval_every", "max_stalled_updates", low=0)
+        check.finite("max_update_kl")
+        check.nonnegative("max_update_kl")
         check.ints("total_steps", "checkpoint_every")
 
 
