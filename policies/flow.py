@@ -427,11 +427,18 @@ class FlowPolicy(ChunkPolicy):
         data: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Squared error [n, Tp, A] of v(x_t, t, 2h) against :meth:`consistency_target`,
-        bounded by the range of ``data`` (default: x1)."""
+        bounded by the range of ``data`` (default: x1), widened."""
         tt = t.view(-1, 1, 1)
         xt = (1.0 - tt) * x0 + tt * x1
         ref = (x1 if data is None else data).detach()
-        target = self.consistency_target(feat, xt, t, big, ref.min(), ref.max(), teacher)
+        lo, hi = ref.min(), ref.max()
+        # the box widened by its width on each side: the bound only has to be finite to
+        # break the feedback, and a fitted teacher errs across the data's edge (34% of
+        # hopper's demonstration entries lie on the action bounds; the exact box clipped
+        # 15% of a trained BC policy's velocities there, one way, and cost BC 8% of its
+        # return on 3 of 3 seeds; this one clips none of them)
+        w = hi - lo
+        target = self.consistency_target(feat, xt, t, big, lo - w, hi + w, teacher)
         return (self.velocity(xt, t, big, feat) - target).square()
 
     def _bc_loss(
