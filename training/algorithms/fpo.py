@@ -103,7 +103,8 @@ class FPOConfig(FlowLearnerConfig):
     both reran to 1M (1 039, 1 732). From flow BC no run diverged raw (6 of 6 at 1M);
     clipped, hopper seed 0 slowed (861 against 1 491 raw) and halfcheetah seed 0
     diverged at 800k through a runaway of the self-consistency term (0.1 -> 2e4 in 15
-    updates), hence raw there."""
+    updates; its targets are bounded since, FlowPolicy.consistency_target), hence raw
+    there."""
     consistency_coef: float = 1.0
     """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
     few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
