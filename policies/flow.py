@@ -387,21 +387,21 @@ class FlowPolicy(ChunkPolicy):
         xt: torch.Tensor,
         t: torch.Tensor,
         big: torch.Tensor,
-        lo: torch.Tensor | float,
-        hi: torch.Tensor | float,
+        box: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
         teacher: FlowPolicy | None = None,
     ) -> torch.Tensor:
         """The shortcut target for v(x_t, t, 2h) [n, Tp, A]: the mean of two half steps
         of ``teacher``'s velocity network (default this one's), without gradient.
 
-        Each half step's velocity is held inside what a flow onto chunks within [lo, hi]
-        can have: from x at time s no average velocity leaves (lo - x) / (1 - s) ..
-        (hi - x) / (1 - s) (the marginal velocity points at E[x1 | x], which lies in the
-        box, and that keeps the path's end in it), so a correct teacher is never clipped
-        and the mean of the two half steps obeys the same bound at (x_t, t). A wrong
-        teacher can no longer feed its own outputs back through x_mid: FPO from flow BC
-        on halfcheetah (clipped chunks, seed 0) diverged at 790k steps that way, the
-        consistency loss 0.03 -> 1e6 in 10 updates (docs/benchmarks_flow.md)."""
+        ``box`` (lo, hi): each half step's velocity is held inside what a flow onto
+        chunks within [lo, hi] can have: from x at time s no average velocity leaves
+        (lo - x) / (1 - s) .. (hi - x) / (1 - s) (the marginal velocity points at
+        E[x1 | x], which lies in the box, and that keeps the path's end in it), so a
+        correct teacher is never clipped and the mean of the two half steps obeys the
+        same bound at (x_t, t). A wrong teacher can no longer feed its own outputs back
+        through x_mid: FPO from flow BC on halfcheetah (clipped chunks, seed 0) diverged
+        at 790k steps that way, the consistency loss 0.03 -> 1e6 in 10 updates
+        (docs/benchmarks_flow.md)."""
         n = xt.shape[0]
         tt = t.view(n, 1, 1)
         half = 0.5 * big
@@ -410,10 +410,14 @@ class FlowPolicy(ChunkPolicy):
         fine = half < (1.0 / self.cfg.shortcut_max_steps) - 1e-9
         dq = torch.where(fine, torch.zeros_like(half), half)
         net = self if teacher is None else teacher
+
+        def bound(v: torch.Tensor, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            return v if box is None else _toward_box(v, x, s, box[0], box[1])
+
         with torch.no_grad():
-            v1 = _toward_box(net.velocity(xt, t, dq, feat), xt, tt, lo, hi)
+            v1 = bound(net.velocity(xt, t, dq, feat), xt, tt)
             x_mid = xt + hh * v1
-            v2 = _toward_box(net.velocity(x_mid, t + half, dq, feat), x_mid, tt + hh, lo, hi)
+            v2 = bound(net.velocity(x_mid, t + half, dq, feat), x_mid, tt + hh)
             return 0.5 * (v1 + v2)
 
     def _consistency_error(
@@ -424,21 +428,12 @@ class FlowPolicy(ChunkPolicy):
         big: torch.Tensor,
         t: torch.Tensor,
         teacher: FlowPolicy | None = None,
-        data: torch.Tensor | None = None,
+        box: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
     ) -> torch.Tensor:
-        """Squared error [n, Tp, A] of v(x_t, t, 2h) against :meth:`consistency_target`,
-        bounded by the range of ``data`` (default: x1), widened."""
+        """Squared error [n, Tp, A] of v(x_t, t, 2h) against :meth:`consistency_target`."""
         tt = t.view(-1, 1, 1)
         xt = (1.0 - tt) * x0 + tt * x1
-        ref = (x1 if data is None else data).detach()
-        lo, hi = ref.min(), ref.max()
-        # the box widened by its width on each side: the bound only has to be finite to
-        # break the feedback, and a fitted teacher errs across the data's edge (34% of
-        # hopper's demonstration entries lie on the action bounds; the exact box clipped
-        # 15% of a trained BC policy's velocities there, one way, and cost BC 8% of its
-        # return on 3 of 3 seeds; this one clips none of them)
-        w = hi - lo
-        target = self.consistency_target(feat, xt, t, big, lo - w, hi + w, teacher)
+        target = self.consistency_target(feat, xt, t, big, box, teacher)
         return (self.velocity(xt, t, big, feat) - target).square()
 
     def _bc_loss(
@@ -462,7 +457,7 @@ class FlowPolicy(ChunkPolicy):
         if n_sc == 0:
             return err.mean()
         big, t_sc = self._consistency_draws(n_sc, generator, x1)
-        err_sc = self._consistency_error(feat[n_fm:], x1[n_fm:], x0[n_fm:], big, t_sc, data=x1)
+        err_sc = self._consistency_error(feat[n_fm:], x1[n_fm:], x0[n_fm:], big, t_sc)
         return (err.sum() + err_sc.sum()) / (b * self.chunk_dim)
 
     def consistency_loss(
@@ -480,14 +475,26 @@ class FlowPolicy(ChunkPolicy):
         the flow-matching regression that anchors them in behaviour cloning, targets taken
         from the network being trained chase its own outputs: FPO from scratch on hopper
         diverged so (consistency loss 3e-4 -> 0.1 -> 1.5e6 over two updates, then every
-        step non-finite) until the targets came from the rollout's parameters."""
+        step non-finite) until the targets came from the rollout's parameters. Over many
+        updates a frozen copy still feeds on the network of the update before, so the
+        targets are bounded too (:meth:`consistency_target`); behaviour cloning, whose
+        flow-matching rows anchor every step to the data, never ran away and trains
+        without the bound, bit for bit as before it."""
         self._check_chunks(x1, "consistency_loss: x1")
         if not self.cfg.shortcut:
             return x1.new_zeros(())
         feat = self.obs_features(obs)
         x0 = self._randn(tuple(x1.shape), generator, x1)
         big, t = self._consistency_draws(x1.shape[0], generator, x1)
-        return self._consistency_error(feat, x1, x0, big, t, target).mean()
+        # the box of the chunks widened by its width on each side: the bound only has to
+        # be finite to break the feedback, and a fitted teacher errs across the data's
+        # edge (60% of halfcheetah's demonstration entries lie on the action bounds; the
+        # exact box clipped 25% of a trained flow BC policy's velocities there, one way
+        # only, and flow BC trained with it lost 8% on hopper, 3 of 3 seeds; this one
+        # clips none of them)
+        lo, hi = x1.detach().min(), x1.detach().max()
+        box = (lo - (hi - lo), hi + (hi - lo))
+        return self._consistency_error(feat, x1, x0, big, t, target, box).mean()
 
     def cfm_loss(
         self,

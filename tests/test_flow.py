@@ -192,13 +192,13 @@ def test_consistency_target_is_exact_for_the_true_flow_and_bounded_for_a_runaway
     lo, hi = c.min(), c.max()
     # onto a point mass the flow is straight: every step's average velocity is (c - x)/(1 - t)
     exact = _Teacher(lambda x, s: (c - x) / (1 - s))
-    target = policy.consistency_target(feat, xt, t, big, lo, hi, exact)
+    target = policy.consistency_target(feat, xt, t, big, (lo, hi), exact)
     torch.testing.assert_close(target, (c - xt) / (1 - tt), rtol=1e-5, atol=1e-5)
     runaway = _Teacher(lambda x, s: torch.full_like(x, 1e6))
-    target = policy.consistency_target(feat, xt, t, big, lo, hi, runaway)
+    target = policy.consistency_target(feat, xt, t, big, (lo, hi), runaway)
     torch.testing.assert_close(xt + (1 - tt) * target, hi.expand_as(xt), rtol=1e-5, atol=1e-5)
     down = _Teacher(lambda x, s: torch.full_like(x, -1e6))
-    target = policy.consistency_target(feat, xt, t, big, lo, hi, down)
+    target = policy.consistency_target(feat, xt, t, big, (lo, hi), down)
     torch.testing.assert_close(xt + (1 - tt) * target, lo.expand_as(xt), rtol=1e-5, atol=1e-5)
 
 
