@@ -17,6 +17,7 @@ from training.algorithms.tdmpc import TDMPC, TDMPCConfig
 from training.cli import main
 from training.config import ConfigError
 from training.core import two_hot_decode
+from training.core.twohot import symexp, two_hot
 from training.off_policy_runner import OffPolicyRunner
 from training.replay import SequenceReplay
 from training.train_configs import build_world_model_config
@@ -325,3 +326,51 @@ def test_cli_train_export_and_eval_both_ways(tmp_path, capsys):
     assert main(ppo) == 2 and "not a ppo run" in capsys.readouterr().err
     resume = ["train", "world-model", "--resume", str(run), "--steps", "60", "--no-artifacts"]
     assert main(resume + QUIET) == 0
+
+
+def _nan_batches_from(runner, iteration: int) -> None:
+    """From ``iteration`` on every replay batch the learner sees has NaN observations:
+    both its steps (model and prior) are skipped as non-finite."""
+    update = runner.learner.update
+
+    def poisoned(batch):
+        if runner.iteration >= iteration:
+            batch = type(batch)({**batch, "obs": batch["obs"] * float("nan")})
+        return update(batch)
+
+    runner.learner.update = poisoned
+
+
+def test_a_world_model_run_whose_updates_are_all_skipped_stops(tmp_path):
+    from training.checkpoint import load_checkpoint
+    from training.run_control import TrainingDiverged
+
+    runner = OffPolicyRunner(_cfg(200, "run.max_stalled_updates=4"), tmp_path / "r")
+    _nan_batches_from(runner, 30)
+    with pytest.raises(TrainingDiverged, match=r"world-model: the last 4 updates took no step"):
+        runner.train()
+    # utd 0.5 with 2 envs: one update per iteration from iteration 30 on, 4 of them
+    assert runner.iteration == 33
+    assert runner.learner.num_updates == 33 and runner.learner.model_guard.nonfinite_steps == 4
+    ck = load_checkpoint(tmp_path / "r" / "checkpoints" / "latest.pt")
+    assert ck["iteration"] == 33
+    runner.close()
+    # 0 trains on regardless, to the budget
+    runner = OffPolicyRunner(_cfg(200, "run.max_stalled_updates=0"), tmp_path / "r0")
+    _nan_batches_from(runner, 30)
+    assert runner.train()["env_steps"] == 200
+    runner.close()
+
+
+def test_two_hot_splits_a_value_between_its_bins_and_turns_nan_into_a_nan_row():
+    # 5 bins over [-2, 2] in symlog space: -2, -1, 0, 1, 2
+    x = torch.tensor([symexp(torch.tensor(0.25)).item(), 0.0, float("nan"), 1e9, -float("inf")])
+    out = two_hot(x, 5, -2.0, 2.0)
+    torch.testing.assert_close(out[0], torch.tensor([0.0, 0.0, 0.75, 0.25, 0.0]))
+    torch.testing.assert_close(out[1], torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0]))
+    assert torch.isnan(out[2]).all()  # a loss on it is NaN: the guarded step skips it
+    torch.testing.assert_close(out[3], torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0]))
+    torch.testing.assert_close(out[4], torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0]))
+    # the decoded expectation of the encoding is the value itself inside the range
+    logits = torch.log(out[:2].clamp_min(1e-12))
+    torch.testing.assert_close(two_hot_decode(logits, -2.0, 2.0), x[:2], rtol=1e-5, atol=1e-5)

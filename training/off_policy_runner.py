@@ -39,7 +39,7 @@ from training.policy_kinds import (
     make_env,
 )
 from training.replay import SequenceReplay
-from training.run_control import train_loop
+from training.run_control import StallWatch, train_loop
 from training.run_dir import prepare_run_dir
 from training.runner import run_payload, write_config
 from training.train_configs import WorldModelTrainConfig
@@ -89,6 +89,9 @@ class OffPolicyRunner:
         self.policy.eval()  # dropout only inside updates
         self.arch = architecture(cfg, self.env, self.family)
         self.learner = TDMPC(self.policy, cfg.tdmpc)
+        # an update whose model and prior steps were both skipped as non-finite counts
+        # as stalled (no KL here: the world model's updates have none)
+        self.stall = StallWatch(cfg.run.max_stalled_updates, "world-model")
         self.replay = SequenceReplay(
             cfg.tdmpc.buffer_size,
             self.env.num_envs,
@@ -216,8 +219,14 @@ class OffPolicyRunner:
         self.iteration += 1
         self.env_steps += self.env.num_envs
         while self.learner.num_updates < self.updates_due():
-            for k, v in self.learner.update(self.replay.sample(cfg.tdmpc.batch_size)).items():
+            stats = self.learner.update(self.replay.sample(cfg.tdmpc.batch_size))
+            for k, v in stats.items():
                 self._stats[k].append(v)
+            self.stall.observe(stats, self.iteration, self.env_steps)
+            if self.stall.diverged:
+                self._log(total_iters)
+                self.logger.close()
+                raise self.stall.error(self.save())
         if self.iteration % cfg.run.log_every == 0 or self.iteration == total_iters:
             self._log(total_iters)
         self.logger.advance(self.env.num_envs, ret=f"{self.logger.mean_return:.1f}")

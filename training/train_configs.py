@@ -189,7 +189,8 @@ class RunConfig(RunOutputConfig):
     """An update whose approximate KL from the rollout's policy exceeds this counts toward
     max_stalled_updates like a skipped one: its steps were finite but the policy it
     leaves has nothing left of the one before (healthy runs here stay under 0.3; FPO's
-    runaway of 2026-12-05 reported 18 for 52 updates in a row). 0: not watched."""
+    runaway of 2026-12-05 reported 18 for 52 updates in a row). 0: not watched. On-policy
+    learners only: the world model's updates report no KL."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

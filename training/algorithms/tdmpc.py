@@ -245,6 +245,8 @@ class TDMPC:
         pi = dict(zip(["pi_loss", "q_mean", "pi_grad_norm"], actor_stats or [nan] * 3, strict=True))
         out.update(pi)
         out["q_scale"] = self.scale.value
+        # steps taken (model, prior): none, and the runner's stall watch counts the update
+        out["minibatch_steps"] = float((model_stats is not None) + (actor_stats is not None))
         out["nonfinite_steps"] = float(
             self.model_guard.nonfinite_steps + self.actor_guard.nonfinite_steps
         )

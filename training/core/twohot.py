@@ -31,8 +31,12 @@ def _bins(num_bins: int, vmin: float, vmax: float, like: torch.Tensor) -> torch.
 
 def two_hot(x: torch.Tensor, num_bins: int, vmin: float, vmax: float) -> torch.Tensor:
     """[..., num_bins] two-hot encoding of symlog(x) over bins spaced evenly in
-    [vmin, vmax] (symlog space); values outside are clamped to the end bins."""
+    [vmin, vmax] (symlog space); values outside are clamped to the end bins. A NaN gives
+    a row of NaN, so that a loss on it is NaN and the guarded step skips it (its bin
+    index would otherwise be INT_MIN and fail inside scatter_add_)."""
     y = symlog(x).clamp(vmin, vmax)
+    nan = torch.isnan(y)
+    y = y.masked_fill(nan, vmin)
     width = (vmax - vmin) / (num_bins - 1)
     pos = (y - vmin) / width
     low = pos.floor().clamp(0, num_bins - 1)
@@ -42,7 +46,7 @@ def two_hot(x: torch.Tensor, num_bins: int, vmin: float, vmax: float) -> torch.T
     out = torch.zeros(*x.shape, num_bins, device=x.device, dtype=x.dtype)
     out.scatter_add_(-1, low, 1 - frac)
     out.scatter_add_(-1, high, frac)
-    return out
+    return out.masked_fill(nan.unsqueeze(-1), float("nan"))
 
 
 def two_hot_decode(logits: torch.Tensor, vmin: float, vmax: float) -> torch.Tensor:
