@@ -160,9 +160,12 @@ class OnPolicyRunner:
     def steps_per_iteration(self) -> int:
         return self.env.num_envs * self.section.num_steps * self.world
 
+    @property
+    def _rank_suffix(self) -> str:
+        return "" if self.rank == 0 else f".rank{self.rank}"
+
     def _rank_path(self, name: str) -> Path:
-        suffix = "" if self.rank == 0 else f".rank{self.rank}"
-        return self.run_dir / "checkpoints" / f"{name}{suffix}.pt"
+        return self.run_dir / "checkpoints" / f"{name}{self._rank_suffix}.pt"
 
     def checkpoint_payload(self) -> dict[str, Any]:
         get_hidden = getattr(self.policy, "get_hidden", None)
@@ -326,8 +329,7 @@ class OnPolicyRunner:
         if self.stall.diverged:
             self.logger.close()
             first = (self.stall.first or (0, 0))[0]
-            suffix = "" if self.rank == 0 else f".rank{self.rank}"
-            earlier = checkpoint_before(self.run_dir / "checkpoints", first, suffix)
+            earlier = checkpoint_before(self.run_dir / "checkpoints", first, self._rank_suffix)
             raise self.stall.error(self.save(), earlier)
         return self.iteration
 
