@@ -439,6 +439,41 @@ WALKERS = {
     "quadruped": (TRAINED_POLICY, 0.2),
     "go1": (GO1_POLICY, 0.15),
 }
+# A fall keeps the trunk down; a stride's dip does not. The Go1 policy walks with its
+# trunk at 0.15-0.18 m, on its training's termination height, and over ROS (timing
+# jitter on a shared machine) one 50 Hz sample now and then reads 0.145 m: the robot
+# is on its feet. So a fall is the trunk below the height for longer than this, or tipped.
+FALL_SECONDS = 0.2
+POSE_HZ = 50.0  # ground truth is published at 50 Hz of simulated time
+
+
+def _fell(poses: np.ndarray, min_height: float) -> str:
+    """Why the trunk trajectory (x, y, z, qw, qx, qy, qz rows) is a fall, or ''."""
+    low = poses[:, 2] < min_height
+    longest = run = 0
+    for is_low in low:
+        run = run + 1 if is_low else 0
+        longest = max(longest, run)
+    if longest / POSE_HZ > FALL_SECONDS:
+        return f"trunk below {min_height} m for {longest / POSE_HZ:.2f} s (min {poses[:, 2].min():.3f})"
+    # the body z axis's vertical component: 1 upright, 0 on its side
+    up = 1.0 - 2.0 * (poses[:, 4] ** 2 + poses[:, 5] ** 2)
+    if up.min() < 0.5:
+        return f"trunk tipped past 60 degrees (up component {up.min():.2f})"
+    return ""
+
+
+def test_fall_is_a_sustained_low_trunk_or_a_tip_not_a_strides_dip():
+    upright = np.array([0.0, 0.0, 0.17, 1.0, 0.0, 0.0, 0.0])
+    poses = np.tile(upright, (500, 1))
+    assert _fell(poses, 0.15) == ""
+    poses[100, 2] = poses[300:305, 2] = 0.145  # one sample, then 0.1 s: dips
+    assert _fell(poses, 0.15) == ""
+    poses[400:420, 2] = 0.08  # 0.4 s down: fallen
+    assert "for 0.40 s" in _fell(poses, 0.15)
+    tipped = np.tile(upright, (10, 1))
+    tipped[5, 3:] = [np.cos(0.6), np.sin(0.6), 0.0, 0.0]  # rolled 69 degrees
+    assert "tipped" in _fell(tipped, 0.15)
 
 
 @pytest.mark.parametrize("task", sorted(WALKERS))
@@ -463,7 +498,7 @@ def test_closed_loop_walk_follows_forward_command(ros_setup, task):
     t0 = time.monotonic()
     h.spin_for(20.0, cmd=cmd)
     poses = np.array([p for t, p in h.poses if t > t0])
-    assert poses[:, 2].min() > min_height, "the robot fell"
+    assert not _fell(poses, min_height), f"the robot fell: {_fell(poses, min_height)}"
     sim = h.diagnostics["sim_robot"]
     # the comparison with sim2sim holds only if the simulated robot kept real time
     assert float(sim["real_time_factor"]) > 0.9 and int(sim["overruns"]) < 5, sim
@@ -471,7 +506,7 @@ def test_closed_loop_walk_follows_forward_command(ros_setup, task):
     sim_err = _sim2sim_tracking(path, cmd, skip_s=5.0, seconds=20.0, task=task)
     print(
         f"{task}: tracking error over ROS {ros_err:.3f} m/s, sim2sim {sim_err:.3f} m/s, "
-        f"mean vx {v[:, 0].mean():.3f}"
+        f"mean vx {v[:, 0].mean():.3f}, lowest trunk {poses[:, 2].min():.3f} m"
     )
     assert v[:, 0].mean() > 0.5 * cmd[0]
     assert ros_err <= sim_err + 0.1, (ros_err, sim_err)
