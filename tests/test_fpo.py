@@ -137,6 +137,53 @@ def test_per_draw_ratio_gives_each_draw_its_own_row_and_clip():
     assert torch.equal(adv_c, adv.reshape(-1))
 
 
+def test_rows_beyond_max_log_ratio_leave_the_policy_loss():
+    """A chunk whose ratio ran away (log r = 5: r = 148) takes no part in the policy
+    loss under the cap: the loss and its gradient are those of the other chunks alone,
+    and `outlier_frac` counts it. Without the cap SPO's pull-back on that one chunk
+    sets the gradient (the divergence of hopper seed 2, FPOConfig.max_log_ratio)."""
+    from training.algorithms.chunks import ChunkMinibatch
+
+    def loss_and_grad(learner, mask):
+        learner.policy.zero_grad()
+        n = mask.shape[0]
+        obs = {"policy": learner.storage.chunk_obs[:n]}
+        mb = ChunkMinibatch(torch.arange(n), adv, mask, obs, torch.zeros(n), torch.zeros(n))
+        loss, stats = learner._loss(mb)
+        loss.backward()  # the actor's gradient: the policy loss's alone (no consistency)
+        grad = torch.cat([q.grad.flatten() for q in learner.policy.actor.parameters()])
+        return float(stats["policy_loss"]), grad, stats
+
+    results = {}
+    for cap in (0.5, None):
+        torch.manual_seed(0)
+        learner = _learner(_policy(), max_log_ratio=cap, consistency_coef=0.0)
+        _rollout(learner)
+        with torch.no_grad():
+            for q in learner.policy.actor.parameters():
+                q.add_(0.01 * torch.randn_like(q))
+            learner.loss_old[0] += 5.0  # chunk 0: log r = 5 + a small change
+        h = learner.horizon
+        adv = torch.linspace(-1.0, 1.0, 6 * h).reshape(6, h)
+        mask = torch.ones(6, h)
+        results[cap] = loss_and_grad(learner, mask)
+        rows, _, _, _ = learner.policy_rows(torch.arange(6), adv, mask)
+        assert rows[:h].min() > 4.9 and rows[h:].abs().max() < 0.5  # one runaway chunk
+        if cap is not None:  # by hand: the same learner with chunk 0 masked out
+            by_hand = mask.clone()
+            by_hand[0] = 0.0
+            learner.cfg.max_log_ratio = None
+            results["by_hand"] = loss_and_grad(learner, by_hand)
+    loss, grad, stats = results[0.5]
+    ref_loss, ref_grad, _ = results["by_hand"]
+    assert loss == pytest.approx(ref_loss, rel=1e-6)
+    torch.testing.assert_close(grad, ref_grad)
+    assert float(stats["outlier_frac"]) == pytest.approx(1 / 6)
+    _, wild_grad, wild_stats = results[None]
+    assert float(wild_stats["outlier_frac"]) == 0.0
+    assert wild_grad.norm() > 100 * grad.norm()  # the one chunk's pull dominates
+
+
 def test_fpo_plus_plus_settings_train_a_rollout():
     """ratio="draw" with the core's "aspo" loss: a full update runs, every step finite."""
     learner = _learner(_policy(), ratio="draw", loss="aspo")
@@ -329,3 +376,6 @@ def test_config_errors():
         FPOConfig(ratio="token")
     with pytest.raises(ValueError, match="explore_std"):
         FPOConfig(explore_std=-0.1)
+    for cap in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_log_ratio"):
+            FPOConfig(max_log_ratio=cap)

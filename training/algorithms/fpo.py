@@ -105,6 +105,14 @@ class FPOConfig(FlowLearnerConfig):
     diverged at 800k through a runaway of the self-consistency term (0.1 -> 2e4 in 15
     updates; its targets are bounded since, FlowPolicy.consistency_target), hence raw
     there."""
+    max_log_ratio: float | None = 0.5
+    """Rows whose |log r| exceeds this take no part in the policy loss (their gradient is
+    dropped, as PPO's clip drops it beyond its range; `fpo/outlier_frac` counts them).
+    SPO pulls a runaway ratio back with a gradient that grows with r**2 and no cut: in
+    FPO from scratch with one action per chunk (hopper seed 2, 2026-12-06) ratios left
+    1.5 at 460k steps where the healthy seed 1 never passed 1.3 in 1M, a few rows at
+    ratios of 1e2-1e8 then set each minibatch's direction (gradient norms 1e8-1e18 before
+    clipping) and the return fell from 1 700 to 72 by 1M. None: every row counts."""
     consistency_coef: float = 1.0
     """Weight of the shortcut self-consistency term on the rollout's chunks, which keeps a
     few-step shortcut sampler in step with the fine-tuned velocity (no effect on a plain
@@ -114,6 +122,7 @@ class FPOConfig(FlowLearnerConfig):
         check = self.check_flow()
         check.ints("num_draws")
         check.finite("explore_std", "consistency_coef")
+        check.positive_or_none("max_log_ratio")
         check.nonnegative("explore_std", "consistency_coef")
         check.one_of("cfm_reduce", REDUCTIONS)
         check.one_of("ratio", RATIO_GRANULARITIES)
@@ -141,6 +150,7 @@ class FPO(ChunkLearner):
         "approx_kl",
         "clip_frac",
         "ratio_max",
+        "outlier_frac",
     )
 
     def _prepare(self) -> FineTuning:
@@ -240,6 +250,11 @@ class FPO(ChunkLearner):
     def _loss(self, mb: ChunkMinibatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cfg, st, cb = self.cfg, self.storage, mb.chunks
         rows_lr, adv, mask, new = self.policy_rows(cb, mb.adv, mb.mask)
+        outliers = torch.zeros((), device=self.device)
+        if cfg.max_log_ratio is not None:
+            wild = (mask > 0) & (rows_lr.detach().abs() > cfg.max_log_ratio)
+            outliers = wild.sum() / (mask > 0).sum().clamp(min=1)
+            mask = mask.masked_fill(wild, 0.0)
         pl, pstats = policy_loss(None, None, adv, self.loss_cfg, mask=mask, log_ratio=rows_lr)
         vl = self._value_loss(self.policy.value(mb.obs), mb.old_values, mb.returns)
         loss = pl + cfg.value_coef * vl
@@ -250,7 +265,13 @@ class FPO(ChunkLearner):
             )
             loss = loss + cfg.consistency_coef * sc
         cfm = new.detach().mean()
-        return loss, {**pstats, "value_loss": vl, "consistency_loss": sc, "cfm_loss": cfm}
+        stats = {
+            "value_loss": vl,
+            "consistency_loss": sc,
+            "cfm_loss": cfm,
+            "outlier_frac": outliers,
+        }
+        return loss, {**pstats, **stats}
 
     def _extra_stats(self) -> dict[str, float]:
         c = self.storage.num_chunks
