@@ -114,6 +114,21 @@ def test_a_start_of_the_wrong_family_is_refused(tmp_path, flow_bc, capsys):
         assert not (tmp_path / algo).exists()
 
 
+def test_fpo_from_scratch_takes_one_action_per_chunk_unless_told_otherwise(tmp_path):
+    """The from-scratch preset (training.presets.FPO_SCRATCH_PRESET) through the CLI, and
+    the user's override above it."""
+    import json
+
+    small = ["policy.hidden=16,16", "policy.critic_hidden=16", *TINY, "fpo.num_steps=8"]
+    for name, extra, want in (("preset", [], (1, 1)), ("told", ["policy.horizon=4"], (4, 1))):
+        argv = ["train", "fpo", "--task", "cartpole", "--steps", "16", "--no-artifacts"]
+        argv += ["--run-dir", str(tmp_path / name), *QUIET, *small, "fpo.num_epochs=1", *extra]
+        assert main(argv) == 0
+        policy = json.loads((tmp_path / name / "config.json").read_text())["policy"]
+        assert (policy["horizon"], policy["act_steps"]) == want
+    assert build_fpo_config("hopper").policy.horizon == 1
+
+
 @pytest.mark.parametrize("algo", ["reinflow", "fpo"])
 def test_fine_tuning_beats_its_bc_start_on_cartpole(tmp_path, algo):
     """Flow BC on poor demonstrations (random actions), then 20k env steps of RL."""

@@ -33,7 +33,7 @@ from training.algorithms.reinflow import ReinFlowConfig
 from training.algorithms.tdmpc import TDMPCConfig
 from training.config import ConfigError, FieldChecks, apply_overrides
 from training.constraints import ConstraintsConfig
-from training.presets import DPPO_PRESETS, PPO_PRESETS, WORLD_MODEL_PRESETS
+from training.presets import DPPO_PRESETS, FPO_SCRATCH_PRESET, PPO_PRESETS, WORLD_MODEL_PRESETS
 
 __all__ = [
     "BCRunConfig",
@@ -435,10 +435,10 @@ def build_finetune_config(
 def build_fpo_config(
     task: str, overrides: list[str] | dict[str, Any] | None = None
 ) -> FPOTrainConfig:
-    """FPO from scratch: defaults, then the overrides."""
-    return apply_overrides(
-        FPOTrainConfig(env=EnvConfig(task=task, num_envs=16, randomize=False)), overrides or []
-    )
+    """FPO from scratch: defaults, then FPO_SCRATCH_PRESET (one action per chunk), then
+    the overrides."""
+    cfg = FPOTrainConfig(env=EnvConfig(task=task, num_envs=16, randomize=False))
+    return apply_overrides(apply_overrides(cfg, FPO_SCRATCH_PRESET), overrides or [])
 
 
 def build_world_model_config(
