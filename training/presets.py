@@ -197,8 +197,8 @@ DPPO_PRESETS: dict[str, dict[str, Any]] = {
 # a Gaussian policy makes. The chunks of 4 are behaviour cloning's setting; from scratch
 # on hopper, which punishes 32 ms of open-loop control, 1M steps gave 680 / 1 039 (seeds
 # 0 / 1) with them against 2 548 / 2 725 / 1 599 with one action per chunk (seed 2 with
-# fpo.max_log_ratio), and halfcheetah 3 234 against 3 484 (seed 0); the price is ~3x the
-# update's wall time (docs/benchmarks_flow.md)
+# fpo.max_log_ratio), and halfcheetah 3 234 / 1 732 / 2 048 against 3 484 / 2 817 /
+# 2 670; the price is ~3x the update's wall time (docs/benchmarks_flow.md)
 FPO_SCRATCH_PRESET: dict[str, Any] = {"policy.horizon": 1, "policy.act_steps": 1}
 
 # world-model learning (training.algorithms.tdmpc), on top of the dataclass defaults.
