@@ -498,7 +498,8 @@ def test_closed_loop_walk_follows_forward_command(ros_setup, task):
     t0 = time.monotonic()
     h.spin_for(20.0, cmd=cmd)
     poses = np.array([p for t, p in h.poses if t > t0])
-    assert not _fell(poses, min_height), f"the robot fell: {_fell(poses, min_height)}"
+    fell = _fell(poses, min_height)
+    assert not fell, f"the robot fell: {fell}"
     sim = h.diagnostics["sim_robot"]
     # the comparison with sim2sim holds only if the simulated robot kept real time
     assert float(sim["real_time_factor"]) > 0.9 and int(sim["overruns"]) < 5, sim
