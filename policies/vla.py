@@ -1,26 +1,44 @@
-"""Vision-language-action policy: a SigLIP vision tower and a Llama/Qwen2-style decoder
-read an image, an instruction and the robot's proprioception; a flow-matching action
-expert (:class:`policies.flow.FlowPolicy`) turns the decoder's last hidden state into
-action chunks; a value head on the same features serves PPO.
+"""Vision-language-action policy: a vision encoder and a Llama/Qwen2-style decoder read
+an image, an instruction and the robot's proprioception; a flow-matching action expert
+(:class:`policies.flow.FlowPolicy`) turns the decoder's last hidden state (with the
+image's keypoints and the proprioception, see below) into action chunks; a value head on
+the same features serves PPO.
 
 Backbone (:class:`VLABackbone`). One sequence per row::
 
-    [ image tokens (N = (image_size / patch_size)^2) | instruction (L, right-padded) | proprio ]
+    [ image tokens (N) | instruction (L, right-padded) | proprio ]
 
-- image tokens: ``SiglipVisionModel`` patch embeddings (after its post-layernorm; its
-  attention-pooling head is unused) through a linear projector into the LM's width;
+- image tokens, by ``VLAConfig.vision_encoder``:
+  "film_keypoints" (the default; :mod:`policies.vla_vision`): a convolutional encoder
+  FiLM-conditioned on the instruction's mean token embedding, whose spatial softmax gives
+  N = ``keypoints`` (x, y) points, each a token (a linear map of its coordinates plus a
+  learned embedding of which keypoint it is);
+  "siglip": ``SiglipVisionModel`` patch embeddings (N = (image_size / patch_size)^2,
+  after its post-layernorm; its attention-pooling head is unused) through a linear
+  projector into the LM's width: the encoder a pretrained tower (``vision_path``) has;
 - instruction tokens: the LM's own token embeddings of the ids;
 - proprio token: the proprioceptive observation, normalized (running mean/std, saved
   with the weights and exported with them), through a linear layer.
 
-The decoder runs with causal attention (what a pretrained decoder was trained with).
-Padding sits between the instruction and the proprio token and is made invisible:
-padded positions are masked as keys, and position ids count only real tokens (RoPE is
-relative, so the proprio token sees image, words and itself at the same relative
-distances whatever the padding). The feature vector is the hidden state of the last
-token, the proprio token: always present, and under causal attention the only one that
-has seen the whole sequence. So a row's features do not depend on its padding, nor on
-what it is batched with (tested). ``max_instruction_tokens`` bounds L; the tokenizer
+Features. SigLIP: the last token's hidden state. film_keypoints: that hidden state, the
+keypoints and the normalized proprioception side by side, so that the action expert
+reads where things are directly, as pi0's action expert attends to every prefix token
+rather than to one summary of them.
+
+Attention (``VLAConfig.attention``). "prefix", the default: image and instruction
+tokens attend to each other in both directions and the proprio token to everything, the
+prefix-LM pattern of PaliGemma and pi0. An image patch then sees the words in the first
+layer and can mark itself as the named object, which a patch under causal attention
+cannot: the image comes first, so causally no image token ever sees the instruction,
+and matching a colour to a place is left to the few tokens after it. "causal" keeps
+what a pretrained decoder was trained with (and is how runs saved before the field
+existed were trained). Padding sits between the instruction and the proprio token and
+is made invisible either way: padded positions are masked as keys, and position ids
+count only real tokens (RoPE is relative, so the proprio token sees image, words and
+itself at the same relative distances whatever the padding). The summary is the hidden
+state of the last token, the proprio token: always present, and the only one that has
+seen the whole sequence. So a row's features do not depend on its padding, nor
+on what it is batched with (tested). ``max_instruction_tokens`` bounds L; the tokenizer
 (:mod:`policies.vla_tokenizer`) pads every batch to it, the shape the exported graph
 takes.
 
@@ -176,6 +194,13 @@ class VLAPolicy(nn.Module):
     def features(self, images: Any, token_ids: Any, proprio: Any) -> torch.Tensor:
         """The backbone's feature vector [B, feature_size], with gradient."""
         return self.backbone(*self.check_inputs(images, token_ids, proprio))
+
+    def features_and_keypoints(
+        self, images: Any, token_ids: Any, proprio: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The features and the film_keypoints encoder's keypoints [B, K, 2] in [-1, 1]
+        (None with a SigLIP tower), with gradient."""
+        return self.backbone.features_and_keypoints(*self.check_inputs(images, token_ids, proprio))
 
     # ------------------------------------------------------------------ training
     def bc_loss(

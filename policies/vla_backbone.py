@@ -11,18 +11,30 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from policies.flow import FlowConfig
 from policies.normalization import RunningMeanStd
+from policies.vla_vision import FilmKeypointEncoder
 
+VISION_ENCODERS = ("film_keypoints", "siglip")
+"""What reads the image; VLAConfig.vision_encoder."""
+ATTENTION_PATTERNS = ("prefix", "causal")
+"""How the decoder's tokens see each other; VLAConfig.attention."""
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 """Attention kernels that take the additive 4-D mask the backbone builds; "eager" is the
 one the TorchScript ONNX exporter handles."""
 
-__all__ = ["ATTN_IMPLEMENTATIONS", "VLABackbone", "VLAConfig"]
+__all__ = [
+    "VISION_ENCODERS",
+    "ATTENTION_PATTERNS",
+    "ATTN_IMPLEMENTATIONS",
+    "VLABackbone",
+    "VLAConfig",
+]
 
 
 def _default_head() -> FlowConfig:
@@ -30,7 +42,7 @@ def _default_head() -> FlowConfig:
         horizon=4,
         act_steps=4,
         sample_steps=4,
-        hidden=(128, 128),
+        hidden=(256, 256, 256),
         noise_hidden=(64, 64),
         critic_hidden=(128, 128),
         normalize_obs=False,
@@ -42,6 +54,21 @@ class VLAConfig:
     """Shapes of the two towers (tiny, randomly initialised by default), the image and
     instruction interface, pretrained loading, LoRA, and the flow action head."""
 
+    ADDED: ClassVar[dict[str, str]] = {"attention": "causal", "vision_encoder": "siglip"}
+    """How runs saved before these fields existed were trained."""
+
+    vision_encoder: str = "film_keypoints"
+    """"film_keypoints": an instruction-conditioned conv net with spatial-softmax
+    keypoints (policies.vla_vision), ``keypoints`` image tokens; it learns where the named
+    object is from a few thousand updates, where the from-scratch SigLIP tower did not
+    (the measurement is in policies.vla_vision). "siglip": a SigLIP patch tower,
+    (image_size / patch_size)^2 image tokens; the one vision_path loads."""
+    keypoints: int = 16
+    """Keypoints (image tokens) of the film_keypoints encoder."""
+    conv_channels: int = 32
+    """Channels of the film_keypoints encoder's convolutions."""
+    conv_layers: int = 2
+    """FiLM-conditioned 3x3 convolutions of the film_keypoints encoder."""
     image_size: int = 64
     """Height and width of the input images in pixels (square); must be a multiple of
     patch_size, and equal the pretrained tower's image_size when vision_path is set."""
@@ -79,6 +106,12 @@ class VLAConfig:
     processors use 0.5."""
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     """Per-channel std (RGB, on the [0, 1] scale) divided inside the module; > 0."""
+    attention: str = "prefix"
+    """"prefix": image and instruction tokens attend to each other both ways, the
+    proprio token to everything (the prefix-LM pattern of PaliGemma and pi0), so an image
+    patch can already know which colour the words name; "causal": each token sees only
+    those before it, so the image tokens (first) never see the instruction and only the
+    later tokens can match the two."""
     attn_implementation: str = "eager"
     """Attention kernel of both towers: "eager" (exports to ONNX) or "sdpa"."""
     vision_path: str = ""
@@ -91,7 +124,8 @@ class VLAConfig:
     """Keep the vision tower's weights fixed (LoRA freezes it regardless)."""
     lora_r: int = 0
     """0 trains both towers; > 0 adds a peft LoRA adapter of this rank to the decoder and
-    trains only the adapter, the projectors and the heads."""
+    trains only the adapter, the projectors, the heads and a film_keypoints encoder (a
+    SigLIP tower is frozen)."""
     lora_alpha: float = 16.0
     """LoRA scaling alpha."""
     lora_dropout: float = 0.0
@@ -124,6 +158,9 @@ class VLAConfig:
             "lm_mlp",
             "vocab_size",
             "max_instruction_tokens",
+            "keypoints",
+            "conv_channels",
+            "conv_layers",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -146,6 +183,14 @@ class VLAConfig:
             raise self._bad("image_mean", "and image_std must have 3 entries (RGB)")
         if not all(s > 0 for s in self.image_std):
             raise self._bad("image_std", "must be > 0")
+        if self.vision_encoder not in VISION_ENCODERS:
+            raise self._bad("vision_encoder", f"must be one of {list(VISION_ENCODERS)}")
+        if self.vision_path and self.vision_encoder != "siglip":
+            raise self._bad(
+                "vision_encoder", "must be 'siglip' to load a pretrained tower (vision_path)"
+            )
+        if self.attention not in ATTENTION_PATTERNS:
+            raise self._bad("attention", f"must be one of {list(ATTENTION_PATTERNS)}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise self._bad("attn_implementation", f"must be one of {list(ATTN_IMPLEMENTATIONS)}")
         if isinstance(self.lora_r, bool) or not isinstance(self.lora_r, int) or self.lora_r < 0:
@@ -250,16 +295,37 @@ class VLABackbone(nn.Module):
     def __init__(self, cfg: VLAConfig, proprio_size: int) -> None:
         super().__init__()
         self.image_size = cfg.image_size
+        self.prefix_attention = cfg.attention == "prefix"
         self.pad_token_id = cfg.pad_token_id
-        self.vision = _vision_tower(cfg)
-        vc = self.vision.config
-        patch = vc.patch_size if isinstance(vc.patch_size, int) else vc.patch_size[0]
-        self.num_image_tokens = (cfg.image_size // patch) ** 2
+        self.keypoint_encoder = cfg.vision_encoder == "film_keypoints"
+        if self.keypoint_encoder:
+            self.num_image_tokens = cfg.keypoints
+        else:
+            self.vision = _vision_tower(cfg)
+            vc = self.vision.config
+            patch = vc.patch_size if isinstance(vc.patch_size, int) else vc.patch_size[0]
+            self.num_image_tokens = (cfg.image_size // patch) ** 2
         self.language = _language_model(cfg, self.num_image_tokens + cfg.max_instruction_tokens + 1)
         width = self.language.config.hidden_size
-        self.feature_size = int(width)
-        self.vocab_size = int(self.language.get_input_embeddings().num_embeddings)
-        self.projector = nn.Linear(vc.hidden_size, width)
+        # with keypoints, the action expert also reads them and the normalised proprio
+        # directly (as pi0's expert attends to every prefix token rather than one summary)
+        extra = 2 * cfg.keypoints + proprio_size if self.keypoint_encoder else 0
+        self.feature_size = int(width) + extra
+        embedding = self.language.get_input_embeddings()
+        self.vocab_size = int(embedding.num_embeddings)
+        if self.keypoint_encoder:
+            self.vision = FilmKeypointEncoder(
+                cfg.image_size,
+                embedding.embedding_dim,
+                cfg.conv_channels,
+                cfg.keypoints,
+                cfg.conv_layers,
+            )
+            # a keypoint token: its coordinates through a linear map, plus which keypoint
+            self.projector = nn.Linear(2, width)
+            self.keypoint_embedding = nn.Parameter(0.02 * torch.randn(cfg.keypoints, width))
+        else:
+            self.projector = nn.Linear(vc.hidden_size, width)
         self.proprio_normalizer = RunningMeanStd(proprio_size)
         self.proprio_proj = nn.Linear(proprio_size, width)
         mean = torch.tensor(cfg.image_mean)
@@ -269,7 +335,8 @@ class VLABackbone(nn.Module):
         self.register_buffer("pixel_shift", (-mean / std).view(1, 3, 1, 1))
         if cfg.lora_r > 0:
             self.language = _add_lora(self.language, cfg)
-        if cfg.freeze_vision or cfg.lora_r > 0:
+        # LoRA freezes a pretrained tower; the keypoint encoder is never pretrained
+        if cfg.freeze_vision or (cfg.lora_r > 0 and not self.keypoint_encoder):
             for p in self.vision.parameters():
                 p.requires_grad_(False)
 
@@ -291,23 +358,47 @@ class VLABackbone(nn.Module):
     def forward(
         self, images: torch.Tensor, token_ids: torch.Tensor, proprio: torch.Tensor
     ) -> torch.Tensor:
+        return self.features_and_keypoints(images, token_ids, proprio)[0]
+
+    def features_and_keypoints(
+        self, images: torch.Tensor, token_ids: torch.Tensor, proprio: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The features and the film_keypoints encoder's keypoints [B, K, 2] (None for a
+        SigLIP tower): what an auxiliary loss on the image's reading can reach."""
         b = images.shape[0]
         pixels = images.permute(0, 3, 1, 2).to(self.pixel_scale.dtype)
         pixels = pixels * self.pixel_scale + self.pixel_shift
-        patches = self.vision(pixel_values=pixels).last_hidden_state
         words = self.language.get_input_embeddings()(token_ids)
-        state = self.proprio_proj(self.proprio_normalizer(proprio)).unsqueeze(1)
-        x = torch.cat([self.projector(patches), words.to(patches.dtype), state], dim=1)
+        if self.keypoint_encoder:  # the image read in the light of the instruction's words
+            real = (token_ids != self.pad_token_id).unsqueeze(-1).to(words.dtype)
+            said = (words * real).sum(1) / real.sum(1).clamp_min(1.0)
+            keypoints = self.vision(pixels, said)
+            image = self.projector(keypoints) + self.keypoint_embedding
+        else:
+            keypoints = None
+            image = self.projector(self.vision(pixel_values=pixels).last_hidden_state)
+        normed = self.proprio_normalizer(proprio)
+        state = self.proprio_proj(normed).unsqueeze(1)
+        x = torch.cat([image, words.to(image.dtype), state], dim=1)
 
         ones = torch.ones(b, self.num_image_tokens, dtype=torch.bool, device=x.device)
         valid = torch.cat([ones, token_ids != self.pad_token_id, ones[:, :1]], dim=1)
         positions = (valid.long().cumsum(-1) - 1).clamp_min(0)
         idx = torch.arange(x.shape[1], device=x.device)
-        allowed = (idx.view(1, -1, 1) >= idx.view(1, 1, -1)) & valid.unsqueeze(1)  # [B, S, S]
+        query, key = idx.view(1, -1, 1), idx.view(1, 1, -1)
+        if self.prefix_attention:  # every token sees the prefix; only the last sees itself
+            seen = (key < x.shape[1] - 1) | (query == x.shape[1] - 1)
+        else:
+            seen = query >= key
+        allowed = seen & valid.unsqueeze(1)  # [B, S, S]
         # an additive 4-D mask is used as given by transformers (eager and sdpa alike)
         mask = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
         mask = mask.masked_fill(~allowed, torch.finfo(x.dtype).min).unsqueeze(1)
         out = self.language(
             inputs_embeds=x, attention_mask=mask, position_ids=positions, use_cache=False
         )
-        return out.last_hidden_state[:, -1]
+        summary = out.last_hidden_state[:, -1]
+        if keypoints is None:
+            return summary, None
+        direct = [keypoints.flatten(1).to(summary.dtype), normed.to(summary.dtype)]
+        return torch.cat([summary, *direct], dim=-1), keypoints

@@ -67,14 +67,19 @@ def _ids(tokenizer, texts, max_tokens=16) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- shapes
+@pytest.mark.parametrize("encoder", ["film_keypoints", "siglip"])
 @pytest.mark.parametrize("image_size", [64, 128])
-def test_shapes_of_every_output(tokenizer, image_size):
-    p = _policy(image_size=image_size)
-    assert p.backbone.num_image_tokens == (image_size // 16) ** 2
+def test_shapes_of_every_output(tokenizer, image_size, encoder):
+    p = _policy(image_size=image_size, vision_encoder=encoder, keypoints=8)
+    tokens = 8 if encoder == "film_keypoints" else (image_size // 16) ** 2
+    assert p.backbone.num_image_tokens == tokens
     b = 3
     ids = encode_instructions(tokenizer, ["go right"] * b, 16)  # numpy, as the tokenizer gives
     args = (_images(b, 0, image_size), ids, _proprio(b, 0))
-    assert p.features(*args).shape == (b, 64)
+    # film_keypoints: the summary, the 8 keypoints' (x, y) and the normalized proprio
+    width = 64 + 2 * 8 + PROPRIO if encoder == "film_keypoints" else 64
+    assert p.backbone.feature_size == width
+    assert p.features(*args).shape == (b, width)
     s = p.sample(*args, steps=3, return_chain=True)
     assert s.actions.shape == (b, HORIZON, ACT)
     assert s.chain.shape == (b, 4, HORIZON, ACT)
@@ -92,11 +97,32 @@ def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="lm_kv_heads .*must divide lm_heads"):
         VLAConfig(lm_kv_heads=3)
     assert VLAConfig().head.normalize_obs is False  # features are already normalized
+    with pytest.raises(ValueError, match="vision_encoder must be one of"):
+        VLAConfig(vision_encoder="resnet")
+    with pytest.raises(ValueError, match="vision_encoder must be 'siglip' to load"):
+        VLAConfig(vision_path="/some/siglip")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        VLAConfig(attention="bidirectional")
+    with pytest.raises(ValueError, match="keypoints must be an integer >= 1"):
+        VLAConfig(keypoints=0)
+
+
+def test_configs_saved_before_a_field_existed_read_as_they_were_trained():
+    from training.config import from_dict, to_dict
+
+    old = to_dict(VLAConfig())
+    del old["attention"], old["vision_encoder"]
+    cfg = from_dict(VLAConfig, old)
+    assert (cfg.attention, cfg.vision_encoder) == ("causal", "siglip")
 
 
 # ---------------------------------------------------------------------- padding
-def test_a_rows_output_does_not_depend_on_its_padding(tokenizer):
-    p = _policy()
+@pytest.mark.parametrize(
+    "encoder, attention",
+    [("film_keypoints", "prefix"), ("siglip", "prefix"), ("film_keypoints", "causal")],
+)
+def test_a_rows_output_does_not_depend_on_its_padding(tokenizer, encoder, attention):
+    p = _policy(vision_encoder=encoder, attention=attention)
     img, pro = _images(2, 1), _proprio(2, 1)
     # row 0 alone with 2 tokens (no padding), padded to 16, and batched with a longer row
     short = _ids(tokenizer, ["go right"], max_tokens=2)
@@ -220,7 +246,7 @@ def towers(tmp_path_factory):
     downloaded checkpoint)."""
     import transformers
 
-    p = _policy(seed=2)
+    p = _policy(seed=2, vision_encoder="siglip")
     root = tmp_path_factory.mktemp("towers")
     p.backbone.vision.save_pretrained(str(root / "vision"))
     causal = transformers.LlamaForCausalLM(p.backbone.language.config)
@@ -231,7 +257,7 @@ def towers(tmp_path_factory):
 
 def test_from_pretrained_towers_load_the_saved_weights(towers, tokenizer):
     p, vision, language = towers
-    q = _policy(seed=3, vision_path=vision, language_path=language)
+    q = _policy(seed=3, vision_encoder="siglip", vision_path=vision, language_path=language)
     for a, b in (
         (p.backbone.vision, q.backbone.vision),
         (p.backbone.language, q.backbone.language),
@@ -246,7 +272,9 @@ def test_from_pretrained_towers_load_the_saved_weights(towers, tokenizer):
 
 def test_lora_trains_only_the_adapter_projectors_and_heads(towers, tokenizer):
     p, vision, language = towers
-    q = _policy(seed=3, vision_path=vision, language_path=language, lora_r=4)
+    q = _policy(
+        seed=3, vision_encoder="siglip", vision_path=vision, language_path=language, lora_r=4
+    )
     names = [n for n, _ in q.trainable_named_parameters()]
     lora = [n for n in names if ".lora_" in n]
     assert lora and all(n.startswith("backbone.language.") for n in lora)
@@ -383,4 +411,8 @@ def test_missing_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nope[/\\]tokenizer\.json does not exist"):
         load_tokenizer(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match=r"vision_path .*nowhere.*save_pretrained"):
-        VLAPolicy(PROPRIO, ACT, VLAConfig(vision_path=str(tmp_path / "nowhere")))
+        VLAPolicy(
+            PROPRIO,
+            ACT,
+            VLAConfig(vision_encoder="siglip", vision_path=str(tmp_path / "nowhere")),
+        )

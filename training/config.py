@@ -295,6 +295,11 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
     for old, new in getattr(cls, "RENAMED", {}).items():
         if old in data and new not in data:
             data = {**data, new: data[old]}
+    # a config saved before a field existed (class attribute ADDED: field -> the value
+    # that reproduces how such configs behaved, which need not be today's default)
+    for name, before in getattr(cls, "ADDED", {}).items():
+        if name not in data:
+            data = {**data, name: before}
     for f in dataclasses.fields(cls):
         if f.name not in data:
             continue
