@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -137,6 +138,27 @@ def test_bad_inputs_are_named(demos, tmp_path):
         VLASFTRunner(VLASFTTrainConfig(), tmp_path / "z")
     with pytest.raises(ValueError, match="num_updates must be an integer >= 1"):
         VLASFTConfig(num_updates=0)
+    with pytest.raises(ConfigError, match="goal_term='elbow' is not a proprioceptive term"):
+        VLASFTRunner(_cfg(demos, goal_term="elbow"), tmp_path / "w")
+    with pytest.raises(ValueError, match="goal_weight must be >= 0"):
+        VLASFTConfig(goal_weight=-1.0)
+
+
+def test_the_goal_probe_learns_where_each_demonstration_ends(demos, tmp_path):
+    """goal_term="auto" takes the task's GOAL_TERM (instructed_reach: the fingertip); the
+    probe's target is the fingertip in each episode's last frame, and its error falls."""
+    runner = VLASFTRunner(_cfg(demos, num_updates=60, lr=3e-3), tmp_path / "g")
+    first = runner.data.episodes[0]
+    assert torch.equal(
+        runner.goals[: len(first)],
+        torch.as_tensor(first.next_obs[-1:, -2:]).expand(len(first), 2),
+    )
+    rmse = [runner.update()["goal_rmse"] for _ in range(60)]
+    runner.close()
+    assert np.mean(rmse[-10:]) < 0.5 * np.mean(rmse[:10]), rmse
+    off = VLASFTRunner(_cfg(demos, goal_term=""), tmp_path / "o")
+    assert off.goal_probe is None and np.isnan(off.update()["goal_rmse"])
+    off.close()
 
 
 def test_cli_trains_resumes_and_refuses_another_kind(demos, tmp_path, capsys):

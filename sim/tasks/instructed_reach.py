@@ -148,6 +148,11 @@ def instruction_text(colour: str) -> str:
     return INSTRUCTION_TEMPLATE.format(colour=colour)
 
 
+GOAL_TERM = "fingertip"
+"""The policy term that ends every successful episode on the named ball: VLA SFT's goal
+probe predicts its last value from the image, the words and the proprioception."""
+
+
 def all_instructions() -> list[str]:
     """Every instruction the task gives, in COLOURS order (e.g. a tokenizer's vocabulary)."""
     return [instruction_text(c) for c in COLOURS]
