@@ -141,8 +141,12 @@ def test_a_rows_output_does_not_depend_on_its_padding(tokenizer, encoder, attent
 @pytest.fixture(scope="module")
 def trained(tokenizer):
     """A tiny VLA after BC on two instructions with different chunks; the images and
-    the proprio are shared by both, so only the words tell the chunks apart."""
-    p = _policy(seed=1)
+    the proprio are shared by both, so only the words tell the chunks apart. The head is
+    the smaller (128, 128) one: 150 updates fit it at one Euler step, which the default
+    (256, 256, 256) needs more updates for."""
+    import dataclasses
+
+    p = _policy(seed=1, head=dataclasses.replace(VLAConfig().head, hidden=(128, 128)))
     n = 4
     img = _images(n, 2).repeat(2, 1, 1, 1)
     pro = _proprio(n, 2).repeat(2, 1)
