@@ -202,11 +202,11 @@ def _goal_slice(data: DemoDataset, term: str) -> slice | None:
         term = str(getattr(_task_module(data.task), "GOAL_TERM", ""))
     if not term:
         return None
-    start = 0
-    for name, size in data.obs_terms:
-        if name == term:
-            return slice(start, start + size)
-        start += size
+    from sim.spec import ObsGroup, ObsTerm
+
+    slices = ObsGroup(tuple(ObsTerm(n, s) for n, s in data.obs_terms)).slices()
+    if term in slices:
+        return slices[term]
     raise ConfigError(
         f"sft.goal_term={term!r} is not a proprioceptive term of {data.task!r}'s "
         f"demonstrations (terms: {[n for n, _ in data.obs_terms]}); '' turns the goal loss off"
