@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def _wandb_records(path: Path):
             pos += 32768 - pos % 32768
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        if kind == 0:
+        if kind == 0 or pos + 7 + length > len(data):  # the end, or a chunk still being written
             break
         chunk += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
@@ -75,9 +76,26 @@ def _item_key(item) -> str:
     return item.key or ".".join(item.nested_key)
 
 
+def _closed_run_records(run_file: Path, timeout: float = 60.0) -> list:
+    """The records of a run file once W&B has written its ``exit`` record.
+
+    The file is written by W&B's service process, which may still be writing it when
+    ``run.finish()`` has returned (seen on a loaded CI machine: a segment without its
+    last history row); a run segment is complete only with its ``exit`` record.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        records = list(_wandb_records(run_file))
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            assert "exit" in kinds, f"{run_file} has no exit record after {timeout} s: {kinds}"
+            return records
+        time.sleep(0.1)
+
+
 def _read_offline_run(run_file: Path) -> dict:
     out: dict = {"config": {}, "history": [], "summary": {}, "run_id": None}
-    for r in _wandb_records(run_file):
+    for r in _closed_run_records(run_file):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             out["run_id"], out["project"] = r.run.run_id, r.run.project
