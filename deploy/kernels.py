@@ -160,10 +160,12 @@ def stage_frame(frame, staged, ring, obs_frames, head, started):
 @njit(cache=True, nogil=True)
 def affine(raw, scale, offset, out):
     """``out = raw * scale + offset`` per element in float64 (the action map's targets):
-    the same roundings as numpy's multiply-then-add into a float64 ``out``."""
+    the same roundings as numpy's multiply-then-add into a float64 ``out``.
+
+    Returns nothing: a returned array is boxed into a new numpy object on every call,
+    which cost as much as the dispatch itself (measured 2.9 vs 1.6 us per call)."""
     for i in range(out.shape[0]):
         out[i] = raw[i] * scale[i] + offset[i]
-    return out
 
 
 def warm_up() -> None:

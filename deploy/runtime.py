@@ -346,7 +346,8 @@ class OnnxPolicy:
             and out.shape == raw.shape == self._joints_shape
         ):
             # one control step: a compiled loop instead of two numpy calls
-            return affine(raw, self._scale, self._offset, out)
+            affine(raw, self._scale, self._offset, out)
+            return out
         return self.action_map.to_targets(raw, out)
 
     # ------------------------------------------------------------------ batch path

@@ -213,7 +213,8 @@ class SafetyLayer:
         self.config = config
         n = config.num_joints
         # The kernel's state, one row per quantity (see deploy.kernels.safety_track);
-        # the limits are copies, safe from later edits of the config.
+        # the limits, like the timings below, are copies, safe from later edits of the
+        # config (and one attribute lookup each on the hot path, not two).
         self._state = np.zeros((kernels.SAFETY_ROWS, n))
         self._state[kernels.LOWER] = config.joint_pos_lower
         self._state[kernels.UPPER] = config.joint_pos_upper
@@ -222,6 +223,9 @@ class SafetyLayer:
         self._upper = self._state[kernels.UPPER]
         self._delta = self._state[kernels.DELTA]
         self._posture = config.safe_posture
+        self._watchdog_s = config.watchdog_timeout_s
+        self._ramp_s = config.ramp_in_s
+        self._hold_last = config.hold_last_on_fault
         self._out = self._state[kernels.OUT]  # the last output (valid once _has_output)
         self._ramp_start = self._state[kernels.RAMP_START]
         self._no_obs = np.zeros(0)
@@ -374,7 +378,7 @@ class SafetyLayer:
 
         # Both times accepted, so the age is >= 0 (NaN when nothing was observed yet).
         age = now_s - self._obs_t
-        if not age <= self.config.watchdog_timeout_s:  # NaN (no observation) is stale
+        if not age <= self._watchdog_s:  # NaN (no observation) is stale
             c["watchdog"] += 1
             self._stale = True
             return self._emit_posture()
@@ -383,7 +387,7 @@ class SafetyLayer:
             self._stale = False
             self._start_ramp(now_s)
 
-        ramp = self.config.ramp_in_s
+        ramp = self._ramp_s
         alpha = 1.0
         if ramp > 0:
             alpha = (now_s - self._ramp_t0) / ramp
@@ -402,7 +406,7 @@ class SafetyLayer:
             target_bad = bool(flags & NONFINITE_TARGET)
             c["nonfinite_obs"] += int(obs_bad)
             c["nonfinite_action"] += int(target_bad)
-            if not self.config.hold_last_on_fault:
+            if not self._hold_last:
                 return self._emit_posture()
             return out.copy()  # the last output: within limits and rate-limited already
         if flags & CLAMPED:
@@ -431,12 +435,12 @@ class SafetyLayer:
             if now_s >= self._back_t:
                 self._back_t = now_s
                 age = (self._clock - self._obs_t) + (now_s - self._back_t0)
-                expired = not age <= self.config.watchdog_timeout_s  # NaN: no observation
+                expired = not age <= self._watchdog_s  # NaN: no observation
         if expired:
             c["watchdog"] += 1
             self._stale = True
             return self._emit_posture()
-        if not self.config.hold_last_on_fault:
+        if not self._hold_last:
             return self._emit_posture()
         return self._out.copy()
 
