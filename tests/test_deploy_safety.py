@@ -222,6 +222,35 @@ def test_returned_arrays_are_independent():
     np.testing.assert_array_equal(first, [0.1, 0.1])
 
 
+def test_config_edits_after_construction_change_nothing():
+    """The layer copies its limits and timings: a config edited later (validated once,
+    at construction) cannot widen a limit, stop the watchdog or skip the ramp-in."""
+    config = SafetyConfig(
+        joint_pos_lower=LOWER,
+        joint_pos_upper=UPPER,
+        max_delta_per_step=math.inf,
+        watchdog_timeout_s=0.1,
+        ramp_in_s=1.0,
+        safe_posture=POSTURE,
+        hold_last_on_fault=False,
+    )
+    layer = SafetyLayer(config)
+    config.joint_pos_upper[0] = 10.0
+    config.watchdog_timeout_s = math.inf
+    config.ramp_in_s = 0.0
+    config.hold_last_on_fault = True
+    layer.observe(0.0)
+    layer.activate(0.0)
+    layer.observe(0.5)
+    # ramp-in still 1 s: halfway from the posture (0.0, 0.5) to the clamped (1.0, 1.5)
+    np.testing.assert_array_equal(layer.filter(OBS, np.array([5.0, 1.5]), 0.5), [0.5, 1.0])
+    # still not holding on a fault: the safe posture
+    np.testing.assert_array_equal(layer.filter(OBS, np.array([np.nan, 0.0]), 0.55), POSTURE)
+    # the watchdog still fires 0.1 s after the last observation
+    np.testing.assert_array_equal(layer.filter(OBS, np.array([0.3, 0.3]), 0.7), POSTURE)
+    assert layer.counters["watchdog"] == 1
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="lower"):
         make(joint_pos_lower=[2.0, 0.0])
