@@ -114,10 +114,10 @@ def main() -> None:
     head = (
         "| algo | envs | batches with a gradient | episodes / batch | rollout success | "
         "mean cosine between batches | signal / noise of one batch | "
-        "episodes for signal = noise |"
+        "episodes for signal = noise | seconds per batch |"
     )
     print(head)
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|")
     for algo, n in itertools.product(a.algo, a.num_envs):
         r = batch_gradients(a.init, algo, n, a.batches, a.seed)
         ag = agreement(r["grads"])
@@ -128,7 +128,7 @@ def main() -> None:
         print(
             f"| {algo} | {n} | {len(r['grads'])} of {a.batches} | {eps:.1f} | "
             f"{np.mean(r['success']):.2f} | {ag['cos_mean']:.3f} +- {ag['cos_sem']:.3f} | "
-            f"{snr:.4f} | {need} |",
+            f"{snr:.4f} | {need} | {r['seconds'] / a.batches:.0f} |",
             flush=True,
         )
     print(f"load at the end {os.getloadavg()[0]:.2f}")
