@@ -25,7 +25,7 @@ UPPER = [1.0, 2.0]
 POSTURE = [0.0, 0.5]
 
 
-def make(**overrides) -> SafetyLayer:
+def safety_config(**overrides) -> SafetyConfig:
     values = dict(
         joint_pos_lower=LOWER,
         joint_pos_upper=UPPER,
@@ -35,7 +35,11 @@ def make(**overrides) -> SafetyLayer:
         safe_posture=POSTURE,
     )
     values.update(overrides)
-    return SafetyLayer(SafetyConfig(**values))
+    return SafetyConfig(**values)
+
+
+def make(**overrides) -> SafetyLayer:
+    return SafetyLayer(safety_config(**overrides))
 
 
 def active(now: float = 0.0, **overrides) -> SafetyLayer:
@@ -225,20 +229,12 @@ def test_returned_arrays_are_independent():
 def test_config_edits_after_construction_change_nothing():
     """The layer copies its limits and timings: a config edited later (validated once,
     at construction) cannot widen a limit, stop the watchdog or skip the ramp-in."""
-    config = SafetyConfig(
-        joint_pos_lower=LOWER,
-        joint_pos_upper=UPPER,
-        max_delta_per_step=math.inf,
-        watchdog_timeout_s=0.1,
-        ramp_in_s=1.0,
-        safe_posture=POSTURE,
-        hold_last_on_fault=False,
-    )
-    layer = SafetyLayer(config)
-    config.joint_pos_upper[0] = 10.0
-    config.watchdog_timeout_s = math.inf
-    config.ramp_in_s = 0.0
-    config.hold_last_on_fault = True
+    cfg = safety_config(joint_pos_upper=list(UPPER), ramp_in_s=1.0, hold_last_on_fault=False)
+    layer = SafetyLayer(cfg)
+    cfg.joint_pos_upper[0] = 10.0
+    cfg.watchdog_timeout_s = math.inf
+    cfg.ramp_in_s = 0.0
+    cfg.hold_last_on_fault = True
     layer.observe(0.0)
     layer.activate(0.0)
     layer.observe(0.5)
