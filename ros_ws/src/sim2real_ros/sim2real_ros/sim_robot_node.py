@@ -15,8 +15,9 @@ adds a fixed delay on top (a robot's bus).
 
 Real time: a timer at the sensor rate steps as many physics steps as the wall clock asks
 for (``real_time_factor`` scales it), catching up at most ``max_catchup_steps`` at once;
-time it cannot catch up is dropped and counted (``overruns`` in the diagnostics). A
-command is applied at the next physics step after it arrives (within a sensor period).
+time it cannot catch up is dropped and counted (``overruns`` and ``dropped_s``, the
+simulated seconds lost, in the diagnostics). A command is applied at the next physics
+step after it arrives (within a sensor period).
 
 Ground truth for tests and plots: ``ground_truth/twist`` (``geometry_msgs/TwistStamped``,
 base velocity in the body frame) and ``ground_truth/pose`` (``geometry_msgs/PoseStamped``,
@@ -380,6 +381,8 @@ class SimRobotNode(Node):
             "real_time_factor": f"{self.data.time / wall if wall > 0 else 0:.3f}",
             "fallen": str(self._fallen),
             "latency_steps": str(self.latency_steps),
+            # simulated seconds lost to overruns (the wall time it could not catch up)
+            "dropped_s": f"{self.clock.dropped_s:.3f}",
             **{k: str(v) for k, v in self.counters.items()},
         }
         status.values = [KeyValue(key=k, value=v) for k, v in values.items()]

@@ -281,6 +281,8 @@ class VLASimRobotNode(Node):
             "real_time_factor": f"{sim_time / wall if wall > 0 else 0:.3f}",
             "instruction": self.instruction,
             "distance": f"{self.distance:.4f}",
+            # simulated seconds lost to overruns (the wall time it could not catch up)
+            "dropped_s": f"{self.clock.dropped_s:.3f}",
             **{k: str(v) for k, v in self.counters.items()},
         }
         status.values = [KeyValue(key=k, value=v) for k, v in values.items()]

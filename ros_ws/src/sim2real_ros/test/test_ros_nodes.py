@@ -501,8 +501,11 @@ def test_closed_loop_walk_follows_forward_command(ros_setup, task):
     fell = _fell(poses, min_height)
     assert not fell, f"the robot fell: {fell}"
     sim = h.diagnostics["sim_robot"]
-    # the comparison with sim2sim holds only if the simulated robot kept real time
-    assert float(sim["real_time_factor"]) > 0.9 and int(sim["overruns"]) < 5, sim
+    # the comparison with sim2sim holds only if the simulated robot kept real time: a
+    # loaded machine may make it drop a few short stretches (overruns), which matter
+    # only if they add up to a noticeable part of the run
+    assert float(sim["real_time_factor"]) > 0.9, sim
+    assert float(sim["dropped_s"]) < 0.02 * float(sim["sim_time_s"]), sim
     ros_err, v = _tracking(h, t0 + 5.0, cmd)  # steady state: after ramp-in and speed-up
     sim_err = _sim2sim_tracking(path, cmd, skip_s=5.0, seconds=20.0, task=task)
     print(
