@@ -41,7 +41,13 @@ if str(ROOT) not in sys.path:
 
 def batch_gradients(init: str, algo: str, num_envs: int, batches: int, seed: int) -> dict:
     """Flat policy-loss gradients of ``batches`` independent rollouts of a fixed policy."""
-    from training.vla_rl import VLARLConfig, VLARLRunner, VLARLTrainConfig, vla_rl_loss
+    from training.vla_rl import (
+        VLARLConfig,
+        VLARLRunner,
+        VLARLTrainConfig,
+        learning_batch,
+        vla_rl_loss,
+    )
 
     rc = VLARLConfig(
         algo=algo, num_envs=num_envs, seed=seed, progress=False, tensorboard=False,
@@ -50,17 +56,14 @@ def batch_gradients(init: str, algo: str, num_envs: int, batches: int, seed: int
     with tempfile.TemporaryDirectory() as tmp:
         runner = VLARLRunner(VLARLTrainConfig(init=init, rl=rc), Path(tmp) / "run")
         params = [p for g in runner.optimizer.param_groups[:1] for p in g["params"]]
-        grads, episodes, kept, success = [], [], [], []
+        grads, episodes, success = [], [], []
         t0 = time.perf_counter()
         for _ in range(batches):
             s, st = runner.rollout()
             success.append(st["success_rate"])
-            kept.append(st.get("kept_groups", float("nan")))
             if s.advantages.numel() == 0:  # grpo: no group with mixed outcomes
                 continue
-            if algo == "ppo":  # as VLARLRunner.update does
-                a = s.advantages
-                s = s._replace(advantages=(a - a.mean()) / (a.std() + 1e-8))
+            s = learning_batch([s], rc)  # the batch an update learns from
             loss, _ = vla_rl_loss(runner.policy, s, runner.loss_cfg)
             g = torch.autograd.grad(loss, params, allow_unused=True)
             grads.append(
@@ -76,7 +79,6 @@ def batch_gradients(init: str, algo: str, num_envs: int, batches: int, seed: int
     return {
         "grads": grads,
         "episodes": episodes,
-        "kept_groups": kept,
         "success": success,
         "seconds": time.perf_counter() - t0,
     }

@@ -90,6 +90,7 @@ __all__ = [
     "VLARLTrainConfig",
     "VLASamples",
     "grouped_reset",
+    "learning_batch",
     "vla_rl_loss",
 ]
 
@@ -297,6 +298,15 @@ def _cat(parts: list[VLASamples]) -> VLASamples:
 
 def _index(s: VLASamples, idx: torch.Tensor) -> VLASamples:
     return VLASamples(*(t[idx] for t in s))
+
+
+def learning_batch(parts: list[VLASamples], rc: VLARLConfig) -> VLASamples:
+    """The rollouts of an update as one batch, its advantages normalised where ppo asks."""
+    batch = _cat(parts)
+    if rc.algo == "ppo" and rc.normalize_advantages and batch.advantages.numel() > 1:
+        a = batch.advantages
+        batch = batch._replace(advantages=(a - a.mean()) / (a.std() + 1e-8))
+    return batch
 
 
 def grouped_reset(env: Any, group_size: int, seed: int) -> dict[str, torch.Tensor]:
@@ -625,10 +635,7 @@ class VLARLRunner:
         sums = dict.fromkeys((*names, "grad_norm"), 0.0)
         steps = 0
         if parts:
-            batch = _cat(parts)
-            if rc.algo == "ppo" and rc.normalize_advantages and batch.advantages.numel() > 1:
-                a = batch.advantages
-                batch = batch._replace(advantages=(a - a.mean()) / (a.std() + 1e-8))
+            batch = learning_batch(parts, rc)
             if self.guard.finite_batch(batch.advantages, batch.returns):
                 size = batch.advantages.shape[0]
                 m = min(rc.num_minibatches, size)
