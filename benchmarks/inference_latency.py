@@ -280,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     c = safety.counters
     overhead = stats[ours_name]["p50"] - stats[act_name]["p50"]
     over_act = p99 / stats[act_name]["p99"]
+    # the verdict is the median of the interleaved rounds' ratios (the benchmarks'
+    # protocol): a pooled p99 moves with wherever the machine's tail happened to land
+    over_act_rounds = float(np.median(round_ratios))
     floor = stats["session call only (no Python of ours)"]
     results = [
         f"observations: {num_frames} frames of the policy walking in the simulator (sensor "
@@ -293,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         f"ours p99 {p99:.1f} us (target < {TARGET_P99_US:g} us): "
         f"{'met' if p99 < TARGET_P99_US else 'MISSED'}",
         f"ours p99 / onnxruntime alone (act) p99: {over_act:.2f}x pooled, "
-        f"{float(np.median(round_ratios)):.2f}x median of {len(round_ratios)} rounds "
-        f"(target <= {TARGET_P99_OVER_ORT:g}x): "
-        f"{'met' if over_act <= TARGET_P99_OVER_ORT else 'MISSED'}",
+        f"{over_act_rounds:.2f}x median of {len(round_ratios)} rounds "
+        f"(target <= {TARGET_P99_OVER_ORT:g}x, on the median of rounds): "
+        f"{'met' if over_act_rounds <= TARGET_P99_OVER_ORT else 'MISSED'}",
         f"against the bare session call (p50 {floor['p50']:.1f}, p99 {floor['p99']:.1f} us): "
         f"ours {stats[ours_name]['p50'] / floor['p50']:.2f}x at p50, "
         f"{p99 / floor['p99']:.2f}x at p99; act() {stats[act_name]['p50'] / floor['p50']:.2f}x "

@@ -10,7 +10,11 @@ Peers, measured in the same run on the same task:
   its own MuJoCo) through ``benchmarks/envpool_peer.py``, for tasks it has;
 - the hardware limit: MuJoCo's own single-thread stepping rate for the task's model
   (``mujoco.rollout`` on the calling thread, no Python per physics step) times the
-  number of cores, divided by the physics steps per env step.
+  number of cores, divided by the physics steps per env step;
+- our engine alone: the time "ours" spends inside the batch's physics step, timed in
+  place (the env's own states and controls), as env steps per second: the floor under
+  "ours", what the batched stepping itself reaches of the limit at that env count
+  before any of the task's Python (observation, reward, flags, tensors).
 
 Protocol (:mod:`sim.machine_load`): every figure is measured ``rounds`` times in
 interleaved rounds (limit, ours, peers, limit, ours, peers, ...) with the envs built once;
@@ -56,12 +60,20 @@ class Row:
     hw_limit: float
     gym_single: float | None = None
     envpool: float | None = None
+    engine: float | None = None
     rounds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def frac_of_limit(self) -> float:
         """Median over rounds of ours / the limit measured in the same round."""
         return _median_ratio(self.rounds, "ours", "hw_limit", self.ours / self.hw_limit)
+
+    @property
+    def engine_frac_of_limit(self) -> float | None:
+        """Median over rounds of the engine alone / the limit (None where not run)."""
+        if self.engine is None:
+            return None
+        return _median_ratio(self.rounds, "engine", "hw_limit", self.engine / self.hw_limit)
 
     def ratio(self, peer: str) -> float | None:
         """Median over rounds of ours / ``peer`` (None where the peer was not run)."""
@@ -100,16 +112,38 @@ def _steps_per_second(step, actions: list, seconds: float, min_steps: int) -> fl
 
 
 class _Ours:
-    """Our batched env, built once; each call times ``seconds`` of stepping."""
+    """Our batched env, built once; each call times ``seconds`` of stepping, and the
+    time spent inside the engine's step during it (``engine_rate``: the env steps per
+    second if the task's Python cost nothing, the floor under ours)."""
 
     def __init__(self, task: str, num_envs: int, seconds: float, seed: int = 0) -> None:
         self.env = make(task, num_envs, seed=seed)
         self.env.reset()
         self.acts = _random_actions(self.env, 8, np.random.default_rng(seed))
         self.seconds, self.n = seconds, num_envs
+        self.engine_rate = float("nan")
+        # timed in place, on the states and controls of the env's own episodes: a
+        # quadruped standing on four feet steps slower than one flailing on fixed torques
+        self._physics = [0.0, 0]
+        engine_step = self.env.engine.step
+
+        def timed(ctrl: np.ndarray, nsub: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                engine_step(ctrl, nsub)
+            finally:
+                self._physics[0] += time.perf_counter() - t0
+                self._physics[1] += 1
+
+        self.env.engine.step = timed
 
     def __call__(self) -> float:
-        return _steps_per_second(self.env.step, self.acts, self.seconds, 5) * self.n
+        rate = _steps_per_second(self.env.step, self.acts, self.seconds, 5) * self.n
+        seconds, calls = self._physics
+        # the warm-up steps are in both sums, a few of hundreds or more
+        self.engine_rate = calls * self.n / seconds if seconds > 0 else float("nan")
+        self._physics[:] = [0.0, 0]
+        return rate
 
     def close(self) -> None:
         self.env.close()
@@ -294,7 +328,8 @@ def run(
     rows = []
     for task in tasks:
         for n in envs:
-            meters: dict = {"hw_limit": _Limit(task, seconds / 2), "ours": _Ours(task, n, seconds)}
+            ours = _Ours(task, n, seconds)
+            meters: dict = {"hw_limit": _Limit(task, seconds / 2), "ours": ours}
             if n == 1:
                 meters["gym_single"] = _GymSingle(task, seconds)
             if n <= sync_max_envs:
@@ -303,11 +338,13 @@ def run(
                 meters["gym_async"] = _GymVector(task, n, "async", seconds)
             if envpool is not None and task in GYMNASIUM_IDS:
                 meters["envpool"] = _EnvPool(envpool, task, n, seconds)
-            values: dict[str, list[float]] = {k: [] for k in meters}
+            values: dict[str, list[float]] = {k: [] for k in meters} | {"engine": []}
             try:
                 for _ in range(rounds):
                     for name, meter in meters.items():
                         values[name].append(meter())
+                        if meter is ours:
+                            values["engine"].append(ours.engine_rate)
                         if monitor is not None:
                             monitor.sample()
             finally:
@@ -324,6 +361,7 @@ def run(
                 med["hw_limit"],
                 gym_single=med.get("gym_single"),
                 envpool=med.get("envpool"),
+                engine=med.get("engine"),
                 rounds=values,
             )
             rows.append(row)
@@ -339,9 +377,13 @@ def _x(r: float | None) -> str:
     return "-" if r is None else f"{r:.2f}x"
 
 
+def _pct(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.0f}%"
+
+
 HEADER = (
     f"{'task':<12}{'envs':>6}{'ours':>10}{'gym 1':>9}{'gym sync':>10}{'gym async':>10}"
-    f"{'envpool':>10}{'hw limit':>10}{'% limit':>9}{'x gym':>8}{'x envpool':>10}"
+    f"{'envpool':>10}{'hw limit':>10}{'% limit':>9}{'engine %':>9}{'x gym':>8}{'x envpool':>10}"
 )
 
 
@@ -360,7 +402,8 @@ def format_row(r: Row) -> str:
     return (
         f"{r.task:<12}{r.num_envs:>6}{_fmt(r.ours):>10}{_fmt(r.gym_single):>9}"
         f"{_fmt(r.gym_sync):>10}{_fmt(r.gym_async):>10}{_fmt(r.envpool):>10}"
-        f"{_fmt(r.hw_limit):>10}{100 * r.frac_of_limit:>8.0f}%{_x(best_gym_ratio(r)):>8}"
+        f"{_fmt(r.hw_limit):>10}{100 * r.frac_of_limit:>8.0f}%{_pct(r.engine_frac_of_limit):>9}"
+        f"{_x(best_gym_ratio(r)):>8}"
         f"{_x(r.ratio('envpool')):>10}"
     )
 
@@ -369,14 +412,15 @@ def markdown(rows: list[Row]) -> list[str]:
     """The table for docs/benchmarks.md."""
     out = [
         "| task | envs | ours | gym 1 env | gym sync | gym async | EnvPool | hw limit | "
-        "% of limit | x best gym | x EnvPool |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "% of limit | engine alone, % of limit | x best gym | x EnvPool |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in rows:
         out.append(
             f"| {r.task} | {r.num_envs} | {_fmt(r.ours)} | {_fmt(r.gym_single)} | "
             f"{_fmt(r.gym_sync)} | {_fmt(r.gym_async)} | {_fmt(r.envpool)} | "
-            f"{_fmt(r.hw_limit)} | {100 * r.frac_of_limit:.0f}% | {_x(best_gym_ratio(r))} | "
+            f"{_fmt(r.hw_limit)} | {100 * r.frac_of_limit:.0f}% | {_pct(r.engine_frac_of_limit)} | "
+            f"{_x(best_gym_ratio(r))} | "
             f"{_x(r.ratio('envpool'))} |"
         )
     return out
@@ -423,8 +467,9 @@ def report(
     monitor.stop()
     verdict = monitor.describe()
     print(
-        "medians over rounds; % limit, x gym (ours over the fastest Gymnasium figure: one "
-        "env, sync or async) and x envpool: medians of the per-round ratios"
+        "medians over rounds; % limit, engine % (our batch's physics alone, no task Python: "
+        "the floor under ours), x gym (ours over the fastest Gymnasium figure: one env, sync "
+        "or async) and x envpool: medians of the per-round ratios"
     )
     print(verdict)
     if json_out:
@@ -434,7 +479,12 @@ def report(
                     "load": verdict,
                     "busy": monitor.busy,
                     "rows": [
-                        asdict(r) | {"frac_of_limit": r.frac_of_limit, "x_gym": best_gym_ratio(r)}
+                        asdict(r)
+                        | {
+                            "frac_of_limit": r.frac_of_limit,
+                            "engine_frac_of_limit": r.engine_frac_of_limit,
+                            "x_gym": best_gym_ratio(r),
+                        }
                         for r in rows
                     ],
                 },

@@ -19,7 +19,7 @@ def test_rounds_interleave_and_rows_hold_every_round():
         rounds=2, monitor=monitor,
     )  # fmt: skip
     one, three = rows
-    assert set(one.rounds) == {"hw_limit", "ours", "gym_single", "gym_sync"}
+    assert set(one.rounds) == {"hw_limit", "ours", "engine", "gym_single", "gym_sync"}
     assert "gym_single" not in three.rounds  # one Gymnasium env is the peer at 1 env only
     for r in rows:
         assert all(len(v) == 2 for v in r.rounds.values())
@@ -29,6 +29,11 @@ def test_rounds_interleave_and_rows_hold_every_round():
         per_round = [o / h for o, h in zip(r.rounds["ours"], r.rounds["hw_limit"], strict=True)]
         assert r.frac_of_limit == pytest.approx(sum(per_round) / 2)
         assert r.ours > 0 and r.hw_limit > 0
+        # the engine alone is the floor under ours: the same physics without the task's
+        # Python (cartpole's physics is a few us, its Python far more)
+        assert r.engine > 2 * r.ours
+        per_round = [e / h for e, h in zip(r.rounds["engine"], r.rounds["hw_limit"], strict=True)]
+        assert r.engine_frac_of_limit == pytest.approx(sum(per_round) / 2)
     # ours over the fastest Gymnasium figure of each round
     best = [
         max(s, g) for s, g in zip(one.rounds["gym_single"], one.rounds["gym_sync"], strict=True)
