@@ -14,7 +14,8 @@ vectorization), which our halfcheetah reproduces exactly.
 SB3's side of (b) is cached in --out per (budget, seed): `--parts b --sb3-only` runs
 just that side, a later `--parts b` reads it back and trains ours against it.
 
---compile trains ours in (a) with its minibatch step under torch.compile (ppo.compile=true).
+--compile trains ours in (a) and (b) with its minibatch step under torch.compile
+(ppo.compile=true).
 (m), not run by default, times that step alone on (a)'s settings, eager against
 compiled, in interleaved rounds (median ms per step), the compiling first call apart:
 
@@ -159,13 +160,13 @@ class _EpisodeLog(deque):
             self.points.append((time.perf_counter() - self.t0, steps, mean20))
 
 
-def ours_preset(steps: int, seed: int, out: Path) -> dict:
+def ours_preset(steps: int, seed: int, out: Path, compile_: bool = False) -> dict:
     from training.runner import OnPolicyRunner
     from training.train_configs import build_ppo_config
 
     cfg = build_ppo_config("halfcheetah", [f"run.total_steps={steps}", f"run.seed={seed}", "run.progress=false",
-                                       "run.video=false"])  # fmt: skip
-    run_dir = out / f"preset_{steps}"
+                                       "run.video=false", f"ppo.compile={str(compile_).lower()}"])  # fmt: skip
+    run_dir = out / (f"preset_{steps}_compiled" if compile_ else f"preset_{steps}")
     if run_dir.exists():
         # a timing run starts from scratch: a resumed one's wall time would mean nothing
         print(f"(b) removing the earlier run {run_dir}", flush=True)
@@ -247,7 +248,9 @@ def main() -> None:
     p.add_argument("--parts", default="ab")
     p.add_argument("--json", default=None)
     p.add_argument("--sb3-only", action="store_true", help="(b): run and cache SB3's side only")
-    p.add_argument("--compile", action="store_true", help="(a): ours with ppo.compile=true")
+    p.add_argument(
+        "--compile", action="store_true", help="(a) and (b): ours with ppo.compile=true"
+    )
     p.add_argument("--rounds", type=int, default=30, help="(m): rounds of minibatch steps")
     p.add_argument(
         "--rounds-a", type=int, default=1, help="(a): interleaved runs (ours, SB3, ours, ...)"
@@ -324,7 +327,7 @@ def main() -> None:
             return
         target = sb3["final_train_return"]
         t_sb3, s_sb3 = first_reach(sb3["curve"], target)
-        ours = ours_preset(a.ours_steps_b or a.steps_b, a.seed, out)
+        ours = ours_preset(a.ours_steps_b or a.steps_b, a.seed, out, a.compile)
         t_ours, s_ours = first_reach(ours["curve"], target)
         res["b"] = {"target": target, "sb3": {"t": t_sb3, "steps": s_sb3, "eval": sb3["eval_return"],
                                               "wall_s": sb3.get("wall_s")},
