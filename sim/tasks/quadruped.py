@@ -690,6 +690,8 @@ class Quadruped(TerrainGround, MujocoVecEnv):
         q = qpos[:, self._jqpos]
         if self._all_joints_limited:
             beyond = np.abs(q - mid) - half
+            if not np.isfinite(beyond).all():  # a diverged simulation's state: as below
+                beyond = np.nan_to_num(beyond, nan=0.0, neginf=0.0)
         else:
             with np.errstate(invalid="ignore"):  # unlimited joints: inf - inf
                 beyond = np.nan_to_num(np.abs(q - mid) - half, nan=0.0, neginf=0.0)
