@@ -577,6 +577,39 @@ def test_own_mjcf_loads(tmp_path):
     env.step(_zeros(env))
 
 
+# the trunk as each geom shape: (MJCF type and size, lowest point below the base origin
+# upright, and rolled 90 degrees about x), by hand from the shape's size
+TRUNK_SHAPES = {
+    "sphere": ('type="sphere" size="0.07"', 0.07, 0.07),
+    # a capsule's and a cylinder's axis is the geom's z: upright it points down at the floor
+    "capsule": ('type="capsule" size="0.05 0.12"', 0.12 + 0.05, 0.05),
+    "cylinder": ('type="cylinder" size="0.06 0.1"', 0.1, 0.06),
+    "ellipsoid": ('type="ellipsoid" size="0.19 0.095 0.055"', 0.055, 0.095),
+    "box": ('type="box" size="0.19 0.095 0.055"', 0.055, 0.095),
+}
+
+
+@pytest.mark.parametrize("shape", list(TRUNK_SHAPES))
+def test_trunk_contact_height_for_every_geom_shape(tmp_path, shape):
+    """Each shape's rule in _base_lowest_point, against its size by hand: upright and
+    on its side, at a height where nothing touches the floor."""
+    mjcf, upright, on_side = TRUNK_SHAPES[shape]
+    path = tmp_path / f"trunk_{shape}.xml"
+    text = _xml_text()
+    box = 'type="box" size="0.19 0.095 0.055"'
+    assert text.count(box) == 1
+    path.write_text(text.replace(box, mjcf))
+    env = _env(2, model_path=str(path))
+    q = env.engine.get("qpos").copy()
+    q[:, 2] = 0.6
+    q[0, 3:7] = [1.0, 0.0, 0.0, 0.0]
+    q[1, 3:7] = [math.cos(math.pi / 4), math.sin(math.pi / 4), 0, 0]  # rolled about x
+    env.engine.set("qpos", q)
+    env.engine.forward(np.arange(2))
+    lowest = env._base_lowest_point(env._compute_base_state(), q)
+    np.testing.assert_allclose(lowest, [0.6 - upright, 0.6 - on_side], atol=1e-9)
+
+
 def test_missing_mjcf_names_the_path(tmp_path):
     path = tmp_path / "nope" / "robot.xml"
     with pytest.raises(FileNotFoundError, match="robot.xml"):
