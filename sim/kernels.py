@@ -23,25 +23,48 @@ def all_finite(x):  # pragma: no cover
     return True
 
 
+# MuJoCo's own bound for a sane state value (mjMAXVAL): beyond it mj_step warns that
+# the simulation is unstable
+MAX_STATE_VALUE = 1e10
+
+
+@njit(nogil=True, cache=True)
+def _diverged(x, i):  # pragma: no cover
+    for j in range(x.shape[1]):
+        # written so that NaN fails it too
+        if not abs(x[i, j]) <= MAX_STATE_VALUE:
+            return True
+    return False
+
+
 @njit(nogil=True, cache=True)
 def finish_step(
-    qpos, reward, terminated, bad, failed, episode_length, max_steps, episode_return, out, flags
+    qpos,
+    qvel,
+    reward,
+    terminated,
+    bad,
+    failed,
+    episode_length,
+    max_steps,
+    episode_return,
+    out,
+    flags,
 ):  # pragma: no cover
     """The end of a step for every env, in place; returns how many episodes ended.
 
-    An env is unstable when its actions were bad, its simulation failed, or its qpos or
-    reward is not finite: its reward becomes 0 and its episode terminates. Writes the
-    reward into `out` and unstable, terminated and truncated into the rows of `flags`;
-    counts the step into `episode_length` and adds the reward to `episode_return`.
+    An env is unstable when its actions were bad, its simulation failed, its reward is
+    not finite, or a qpos or qvel value is not finite or beyond MAX_STATE_VALUE (the
+    values MuJoCo calls unstable): its reward becomes 0 and its episode terminates.
+    Writes the reward into `out` and unstable, terminated and truncated into the rows of
+    `flags`; counts the step into `episode_length` and adds the reward to
+    `episode_return`.
     """
     ndone = 0
     for i in range(reward.shape[0]):
         unstable = bad[i] or failed[i] or not np.isfinite(reward[i])
         if not unstable:
-            for j in range(qpos.shape[1]):
-                if not np.isfinite(qpos[i, j]):
-                    unstable = True
-                    break
+            unstable = _diverged(qpos, i) or _diverged(qvel, i)
         r = 0.0 if unstable else reward[i]
         term = terminated[i] or unstable
         episode_length[i] += 1

@@ -141,6 +141,11 @@ class MujocoVecEnv:
             self.max_episode_steps = int(max_episode_steps)
         self.s2r = s2r if s2r is not None else self.default_s2r()
         self.model = self._task_model()
+        if backend == "c":
+            # a diverged simulation keeps its bad state, so that the step sees it and ends
+            # the episode (sim.kernels.finish_step); with MuJoCo's auto-reset it would
+            # carry on silently from the model's default pose, mid-episode
+            self.model.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_AUTORESET)
         check_memory(self.model, self.num_envs, self.name)
         # backend "warp" steps the batch with MuJoCo Warp on `device` (sim.warp_engine)
         self.backend = backend
@@ -433,6 +438,7 @@ class MujocoVecEnv:
         if self._obs is None:
             raise RuntimeError("call reset() before step()")
         n = self.num_envs
+        prev_obs = self._obs
         actions = self._validate_actions(actions)
         bad = self._no_env
         if not all_finite(actions):
@@ -462,6 +468,7 @@ class MujocoVecEnv:
             # reward becomes 0 and it terminates (one kernel, with the episode counters)
             ndone = finish_step(
                 self.engine.get("qpos"),
+                self.engine.get("qvel"),
                 np.asarray(reward),
                 np.asarray(terminated, dtype=bool),
                 bad,
@@ -490,6 +497,8 @@ class MujocoVecEnv:
             done = flags[1] | flags[2]
             done_ids = np.nonzero(done)[0]
             info["final_obs"] = {k: v.clone() for k, v in obs.items()}
+            if flags[0].any():
+                self._contain_unstable(flags[0], info, prev_obs)
             info["episode"] = {
                 "done": self._to_torch(done, torch.bool),
                 "return": self._to_torch(self.episode_return.copy()),
@@ -508,6 +517,22 @@ class MujocoVecEnv:
             info["final_obs"] = obs
         self._obs = obs
         return obs, reward_t, terminated_t, truncated_t, info
+
+    def _contain_unstable(
+        self, unstable: np.ndarray, info: dict[str, Any], prev_obs: dict[str, torch.Tensor]
+    ) -> None:
+        """An unstable env (diverged simulation, bad actions) ends its episode with its
+        last sane observation as the final one and zeros in its per-env info terms: a
+        NaN or 1e30 there would reach a critic's bootstrap (0 * NaN is NaN), a replay
+        buffer, or a running statistic such as CaT's maxima, and stay."""
+        mask = self._to_torch(unstable, torch.bool)
+        final = info["final_obs"]
+        for k, v in final.items():
+            v[mask] = prev_obs[k][mask]
+        n = self.num_envs
+        for v in info.values():
+            if isinstance(v, torch.Tensor) and v.shape == (n,) and v.is_floating_point():
+                v[mask] = 0.0
 
     # ------------------------------------------------------------------ checkpointing
     def _stateful_parts(self) -> dict[str, object]:

@@ -92,7 +92,7 @@ def test_a_diverged_env_ends_with_zero_reward_and_the_others_go_on():
     env.reset()
     task_reward = env._task_reward
 
-    def diverging(pre, actions):  # MuJoCo resets a NaN qpos itself; a NaN reward stays
+    def diverging(pre, actions):  # a NaN reward alone, the state sane
         reward, terminated, extras = task_reward(pre, actions)
         reward[1] = np.nan
         return reward, terminated, extras
@@ -104,6 +104,47 @@ def test_a_diverged_env_ends_with_zero_reward_and_the_others_go_on():
     assert rew[1].item() == 0.0 and torch.isfinite(rew).all()
     assert info["episode"]["done"].tolist() == [False, True, False]
     assert torch.isfinite(obs["policy"]).all()
+
+
+@pytest.mark.parametrize("task", ["halfcheetah", "ant", "quadruped"])
+def test_a_diverged_simulation_ends_its_episode_with_its_last_sane_observation(task):
+    """MuJoCo's auto-reset would put a diverged simulation back to the model's default
+    pose mid-episode, silently (the episode went on, unflagged, before 2026-12-07).
+    Now it ends: reward 0, terminated, unstable; its final observation is the one
+    before the step and its per-env info terms are 0 (no 1e30 or NaN leaves the env);
+    the other envs step exactly as a twin that never saw it (ant: the per-env MjData
+    engine, the others: mujoco.batch)."""
+    nominal = SimToRealConfig()
+    env, twin = make(task, 3, seed=0, s2r=nominal), make(task, 3, seed=0, s2r=nominal)
+    rng = np.random.default_rng(1)
+    acts = [_actions(env, rng) for _ in range(3)]
+    env.reset(seed=0)
+    twin.reset(seed=0)
+    for a in acts[:2]:
+        before, *_ = env.step(a)
+        twin.step(a)
+    qvel = env.engine.get("qvel").copy()
+    qvel[1] = 1e30
+    env.engine.set("qvel", qvel, np.arange(3))
+    obs, rew, term, trunc, info = env.step(acts[2])
+    tobs, trew, tterm, _, tinfo = twin.step(acts[2])
+    assert info["unstable"].tolist() == [False, True, False]
+    assert term.tolist() == [False, True, False] and not trunc.any()
+    assert rew[1].item() == 0.0
+    assert int(info["episode"]["length"][1]) == 3 and int(env.episode_length[1]) == 0
+    for k, v in info["final_obs"].items():
+        assert torch.equal(v[1], before[k][1])  # the last sane observation
+        assert torch.isfinite(v).all() and torch.isfinite(obs[k]).all()
+    terms = [k for k, v in info.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    assert terms  # every task reports per-env terms
+    for k in terms:
+        assert torch.isfinite(info[k]).all() and info[k][1].item() == 0.0, k
+    keep = [0, 2]
+    assert torch.equal(rew[keep], trew[keep]) and torch.equal(term[keep], tterm[keep])
+    for k in obs:
+        assert torch.equal(obs[k][keep], tobs[k][keep])
+    for k in terms:
+        assert torch.equal(info[k][keep], tinfo[k][keep]), k
 
 
 def test_bad_actions_reset_only_their_env():
