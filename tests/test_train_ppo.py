@@ -276,7 +276,7 @@ def test_sb3_comparison_keeps_sb3_side_and_reruns_only_ours(tmp_path, monkeypatc
         curve = [[20.0, 500, 300.0], [40.0, 1000, 950.0], [60.0, 1500, 900.0]]
         return {"curve": curve, "final_train_return": 900.0, "eval_return": 1.0, "wall_s": 60.0}
 
-    def fake_ours(steps, seed, out):
+    def fake_ours(steps, seed, out, compile_=False):
         return {
             "curve": [(1.0, 100, float("nan")), (5.0, 200, 800.0), (8.0, 300, 901.0)],
             "wall_s": 9,

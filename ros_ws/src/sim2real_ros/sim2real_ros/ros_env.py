@@ -278,8 +278,11 @@ class LifecycleClient:
         """Poll until the node reports ``label``; False on time-out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # a server can drop a response while its writer has not yet discovered this
+            # client's reader ("failed to send response (timeout)"): each poll waits at
+            # most 2 s, so a lost answer is asked again instead of eating the whole wait
             try:
-                if self.state(timeout=max(0.5, deadline - time.monotonic())) == label:
+                if self.state(timeout=min(2.0, max(0.5, deadline - time.monotonic()))) == label:
                     return True
             except TimeoutError:
                 pass
