@@ -11,8 +11,42 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["export_test_policy"]
+__all__ = ["export_test_flow_policy", "export_test_policy"]
+
+
+def _task_metadata(task: str, obs_terms: Sequence[tuple[str, int]] | None, run_id: str) -> Any:
+    """The Gaussian deployment metadata of an untrained ``task`` policy, and the task's
+    action bounds: what a trained export of ``task`` carries."""
+    from deploy.metadata import PolicyMetadata
+    from sim.randomization import SimToRealConfig
+    from sim.registry import make
+
+    env = make(task, 1, seed=0, s2r=SimToRealConfig())
+    try:
+        r = env.robot
+        terms = [(t.name, t.size) for t in env.observation_spec.policy.terms]
+        bounds = (env.action_spec.low, env.action_spec.high)
+    finally:
+        env.close()
+    meta = PolicyMetadata(
+        policy_family="gaussian_mlp",
+        obs_terms=list(obs_terms) if obs_terms is not None else terms,
+        action_joint_names=list(r.joint_names),
+        action_scale=r.action_scale,
+        action_offset=r.action_offset,
+        default_joint_pos=r.default_joint_pos,
+        kp=r.kp,
+        kd=r.kd,
+        joint_pos_lower=r.joint_pos_lower,
+        joint_pos_upper=r.joint_pos_upper,
+        control_period_s=r.control_dt,
+        task=task,
+        run_id=run_id,
+        extra={"control_mode": r.control_mode},
+    )
+    return meta, bounds
 
 
 def export_test_policy(
@@ -36,41 +70,65 @@ def export_test_policy(
     import torch
 
     from deploy.export import export_policy
-    from deploy.metadata import PolicyMetadata
-    from sim.randomization import SimToRealConfig
-    from sim.registry import make
 
-    env = make(task, 1, seed=0, s2r=SimToRealConfig())
-    try:
-        r = env.robot
-        terms = [(t.name, t.size) for t in env.observation_spec.policy.terms]
-    finally:
-        env.close()
-    terms = list(obs_terms) if obs_terms is not None else terms
-    meta = PolicyMetadata(
-        policy_family="gaussian_mlp",
-        obs_terms=terms,
-        action_joint_names=list(r.joint_names),
-        action_scale=r.action_scale,
-        action_offset=r.action_offset,
-        default_joint_pos=r.default_joint_pos,
-        kp=r.kp,
-        kd=r.kd,
-        joint_pos_lower=r.joint_pos_lower,
-        joint_pos_upper=r.joint_pos_upper,
-        control_period_s=r.control_dt,
-        task=task,
-        run_id=f"untrained-{task}-gain{gain:g}",
-        extra={"control_mode": r.control_mode},
-    )
+    meta, _ = _task_metadata(task, obs_terms, f"untrained-{task}-gain{gain:g}")
     torch.manual_seed(seed)
-    sizes = [sum(s for _, s in terms), *hidden]
+    sizes = [meta.obs_frame_size, *hidden]
     layers: list[torch.nn.Module] = []
     for a, b in zip(sizes[:-1], sizes[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.ELU()]
-    head = torch.nn.Linear(sizes[-1], len(r.joint_names))
+    head = torch.nn.Linear(sizes[-1], meta.num_joints)
     with torch.no_grad():
         head.weight.mul_(gain)
         head.bias.mul_(gain)
     module = torch.nn.Sequential(*layers, head)
+    return export_policy(module, meta, path)
+
+
+def export_test_flow_policy(
+    path: str | os.PathLike[str],
+    *,
+    task: str = "quadruped",
+    horizon: int = 4,
+    act_steps: int = 2,
+    steps: int = 4,
+    action_range: float = 0.5,
+    seed: int = 0,
+) -> Path:
+    """Export an untrained flow policy shaped like ``task``'s: chunks of ``horizon``
+    actions of which ``act_steps`` run, ``steps`` Euler steps from the noise input, the
+    metadata a trained flow export carries (family "flow", noise shape, chunk state).
+    Its actions span [-action_range, action_range] (raw units) around the default pose.
+    """
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    import training.export  # noqa: F401  registers the flow exporter
+    from deploy.export import export_policy
+    from policies.flow import FlowConfig, FlowPolicy
+
+    meta, _ = _task_metadata(task, None, f"untrained-{task}-flow{steps}")
+    torch.manual_seed(seed)
+    cfg = FlowConfig(
+        horizon=horizon, act_steps=act_steps, sample_steps=steps, hidden=(64, 64), time_dim=8
+    )
+    n = meta.num_joints
+    r = np.full(n, action_range)
+    policy = FlowPolicy(meta.obs_frame_size, n, cfg, -r, r)
+    module = policy.inference_module().eval()
+    info = module.info
+    meta = dataclasses.replace(
+        meta,
+        policy_family="flow",
+        recurrent_state=info.recurrent_state,
+        noise_shape=list(info.noise_shape),
+        extra={
+            **meta.extra,
+            "flow_steps": str(info.steps),
+            "flow_horizon": str(info.horizon),
+            "flow_act_steps": str(info.act_steps),
+        },
+    )
     return export_policy(module, meta, path)

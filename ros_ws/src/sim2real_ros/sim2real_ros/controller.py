@@ -40,8 +40,6 @@ from sim2real_ros.observation import ObservationAssembler, ObservationError
 __all__ = ["ConfigureError", "LoopStats", "PolicyController"]
 
 
-
-
 class ConfigureError(RuntimeError):
     """The policy cannot run on this node: file, metadata or observation problem."""
 
@@ -59,6 +57,10 @@ class PolicyController:
         command_timeout_s: a command older than this counts as zero (``inf``: never).
         command_limits: ``(|vx|, |vy|, |yaw rate|)`` bounds on the command.
         intra_op_threads: onnxruntime threads.
+        seed: a generative policy's (diffusion, flow) noise: its Generator's seed.
+        deterministic: a generative policy gets zero noise instead of seeded draws. The
+            default samples, as ``sim2real eval`` and sim2sim evaluate the file: the
+            robot runs the policy that was measured.
 
     Raises:
         ConfigureError: the file is missing or broken, its metadata is invalid, it is not
@@ -77,16 +79,23 @@ class PolicyController:
         command_timeout_s: float = 0.5,
         command_limits: Sequence[float] = (1.0, 0.5, 1.0),
         intra_op_threads: int = 1,
+        seed: int = 0,
+        deterministic: bool = False,
     ) -> None:
         path = os.fspath(policy_path)
         if not path:
             raise ConfigureError("no policy file given (parameter 'policy_path' is empty)")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ConfigureError(f"seed must be an integer >= 0, got {seed!r}")
         try:
-            self.policy = OnnxPolicy(path, intra_op_threads=intra_op_threads, deterministic=True)
+            self.policy = OnnxPolicy(
+                path, intra_op_threads=intra_op_threads, seed=int(seed), deterministic=deterministic
+            )
         except FileNotFoundError:
             raise ConfigureError(f"policy file not found: {path}") from None
         except (PolicyLoadError, MetadataError) as exc:
             raise ConfigureError(f"cannot use policy file {path}: {exc}") from None
+        self.seed = int(seed)
         meta = self.policy.metadata
         self.metadata = meta
         if meta.extra.get("control_mode", "position") != "position":
@@ -144,8 +153,9 @@ class PolicyController:
         return self.safety.active
 
     def activate(self, now: float, joint_state: Any = None) -> None:
-        """Start the policy: fresh history and state, ramp in from the measured posture."""
-        self.policy.reset()
+        """Start the policy: fresh history and state, its noise Generator re-seeded (every
+        activation samples the same draws), ramp in from the measured posture."""
+        self.policy.reset(seed=self.seed)
         self.last_action.fill(0.0)
         current = None
         if joint_state is not None:

@@ -7,8 +7,9 @@ A lifecycle node (``rclpy.lifecycle``):
   ROS messages), build the safety layer, subscribe to the sensors and the command,
   create the publishers. Any problem -> the transition fails with the reason logged.
 - **activate**: needs fresh sensor data (refused otherwise); resets the policy's
-  history and recurrent state and starts sending its targets, ramped in from the
-  measured joint positions.
+  history and recurrent state (a chunked policy's chunk too) and re-seeds a generative
+  policy's noise (``seed``; ``deterministic``: zero noise), and starts sending its
+  targets, ramped in from the measured joint positions.
 - **deactivate**: the safe posture (the policy's default joint positions), sent from
   then on at the control rate until cleanup, so that a robot with a command timeout
   keeps standing.
@@ -109,6 +110,8 @@ PARAMETERS: dict[str, Any] = {
     "command_timeout_s": 0.5,
     "command_limits": [1.0, 0.5, 1.0],
     "intra_op_threads": 1,
+    "seed": 0,
+    "deterministic": False,
     "autostart": "configure",
     "rt_priority": 0,
     "timing_log": "",
@@ -154,6 +157,8 @@ class PolicyNode(PolicyLifecycleNode):
                 command_timeout_s=float(self._param("command_timeout_s")),
                 command_limits=list(self._param("command_limits")),
                 intra_op_threads=int(self._param("intra_op_threads")),
+                seed=self._param("seed"),
+                deterministic=bool(self._param("deterministic")),
             )
         except (ConfigureError, ValueError, TypeError) as exc:
             log.error(f"configure failed: {exc}")
@@ -239,10 +244,19 @@ class PolicyNode(PolicyLifecycleNode):
             f"configured: policy {c.metadata.run_id or '?'} ({c.policy.path}), task "
             f"{meta.task!r}, {c.num_joints} joints, obs terms {[n for n, _ in meta.obs_terms]}, "
             f"{1.0 / c.control_period_s:g} Hz ({trigger}), watchdog "
-            f"{c.safety.config.watchdog_timeout_s * 1e3:.0f} ms"
+            f"{c.safety.config.watchdog_timeout_s * 1e3:.0f} ms{self._sampling(c)}"
         )
         self._log_gains(gains)
         return TransitionCallbackReturn.SUCCESS
+
+    @staticmethod
+    def _sampling(c: PolicyController) -> str:
+        """How a generative policy (diffusion, flow) gets its noise; '' for the others."""
+        if not c.policy.is_generative:
+            return ""
+        meta = c.metadata
+        how = "zero noise (deterministic)" if c.policy.deterministic else f"noise seed {c.seed}"
+        return f", {meta.policy_family} policy sampling with {how}"
 
     def _log_gains(self, gains: PDGains) -> None:
         log = self.get_logger()
@@ -373,6 +387,7 @@ class PolicyNode(PolicyLifecycleNode):
             "state": state,
             "policy": c.policy.path,
             "run_id": c.metadata.run_id,
+            "policy_family": c.metadata.policy_family,
             "target_rate_hz": f"{1.0 / c.control_period_s:.3f}",
             "command": ",".join(f"{v:.3f}" for v in c.command),
         }

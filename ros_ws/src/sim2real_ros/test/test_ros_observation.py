@@ -12,7 +12,7 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-from ros_support import export_test_policy
+from ros_support import export_test_flow_policy, export_test_policy
 from sim2real_ros.controller import ConfigureError, LoopStats, PolicyController
 from sim2real_ros.observation import (
     KNOWN_TERMS,
@@ -157,6 +157,8 @@ def policy_files(tmp_path_factory):
         "unknown_term": export_test_policy(
             root / "lin_vel.onnx", obs_terms=[*TERMS, ("base_lin_vel", 3)]
         ),
+        # chunks of 4 actions, 2 of them run, 4 Euler steps: noise input and chunk state
+        "flow": export_test_flow_policy(root / "flow.onnx", horizon=4, act_steps=2, steps=4),
     }
 
 
@@ -197,6 +199,52 @@ def test_step_is_the_runtime_and_safety_layer_on_the_assembled_frame(policy_file
         np.testing.assert_allclose(out, want, atol=1e-6)
         last = (out - DEFAULT) / 0.25  # the last action is what was sent
         np.testing.assert_allclose(c.last_action, last)
+
+
+def _flow_run(c, t0=0.0, steps=6):
+    """The controller's outputs over ``steps`` ticks from ``t0``, activated afresh, on
+    fixed sensors and a forward command; with the frames it assembled."""
+    js, im = _inputs(DEFAULT + 0.05)
+    c.set_command(0.5, 0.0, 0.0, t0)
+    c.deactivate()
+    c.activate(t0, js)
+    outs, frames = [], []
+    for k in range(steps):
+        t = t0 + 0.02 * k
+        frames.append(np.concatenate([[0, 0, 0], [0, 0, -1], [0.5, 0, 0], np.full(12, 0.05),
+                                      np.zeros(12), c.last_action]))  # fmt: skip
+        outs.append(c.step(js, im, t, t).copy())
+    return np.array(outs), frames
+
+
+def test_a_flow_policy_samples_on_the_robot_as_the_runtime_and_eval_do(policy_files):
+    """A generative policy (a flow policy here: chunks, noise input) runs on the node as
+    ``deploy.runtime`` samples it with the node's seed, which is how ``sim2real eval``
+    and sim2sim measure it; deterministic: zero noise; each activation re-seeds."""
+    from deploy.runtime import OnnxPolicy
+
+    path = policy_files["flow"]
+    kw = {"ramp_in_s": 0.0, "max_target_speed": math.inf}
+    c = PolicyController(path, seed=7, **kw)
+    outs, frames = _flow_run(c)
+    ref = OnnxPolicy(path, seed=7)
+    lo, hi = c.metadata.joint_pos_lower, c.metadata.joint_pos_upper
+    want = [np.clip(ref.to_joint_targets(ref.act(f)), lo, hi) for f in frames]
+    np.testing.assert_allclose(outs, want, atol=1e-6)
+    # each chunk's two actions differ, and so do the chunks: the samples are used
+    assert np.abs(np.diff(outs, axis=0)).max(axis=1).min() > 1e-3
+    again, _ = _flow_run(c, t0=1.0)  # a new activation draws the same noise again
+    np.testing.assert_array_equal(again, outs)
+    other, _ = _flow_run(PolicyController(path, seed=8, **kw))
+    assert np.abs(other - outs).max() > 1e-2
+    det, det_frames = _flow_run(PolicyController(path, deterministic=True, **kw))
+    zero = OnnxPolicy(path, deterministic=True)
+    want = [np.clip(zero.to_joint_targets(zero.act(f)), lo, hi) for f in det_frames]
+    np.testing.assert_allclose(det, want, atol=1e-6)
+    assert np.abs(det - outs).max() > 1e-2
+    for bad in (-1, 1.5, "0", True):
+        with pytest.raises(ConfigureError, match="seed must be an integer >= 0"):
+            PolicyController(path, seed=bad)
 
 
 def test_shuffled_joint_state_gives_the_same_commands(policy_files):
