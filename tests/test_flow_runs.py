@@ -114,6 +114,38 @@ def test_a_start_of_the_wrong_family_is_refused(tmp_path, flow_bc, capsys):
         assert not (tmp_path / algo).exists()
 
 
+def test_flow_bc_names_a_dataset_whose_observations_do_not_fit(tmp_path, capsys):
+    """Demonstrations without an observation the task has (a term left out of the file's
+    schema, or its data missing from an episode) are refused before anything is trained,
+    with the problem named."""
+    import dataclasses
+
+    import h5py
+
+    from training.demos import load_demos, save_demos
+
+    full = load_demos(random_demos(tmp_path / "full.hdf5"))
+    (name0, n0), (name1, _) = full.obs_terms  # hopper: qpos, qvel
+    short = dataclasses.replace(
+        full,
+        obs_terms=[(name0, n0)],
+        episodes=[dataclasses.replace(e, obs=e.obs[:, :n0], next_obs=e.next_obs[:, :n0])
+                  for e in full.episodes],  # fmt: skip
+    )
+    missing = random_demos(tmp_path / "missing.hdf5")
+    with h5py.File(missing, "r+") as f:
+        del f[f"data/demo_0/obs/{name1}"]
+    for path, message in (
+        (save_demos(tmp_path / "short.hdf5", short), f"observation terms [('{name0}', {n0})] differ from task 'hopper'"),
+        (missing, f"demo_0: dataset 'obs/{name1}'"),
+    ):  # fmt: skip
+        run = tmp_path / f"bc-{path.stem}"
+        argv = ["train", "bc", "--policy", "flow", "--data", str(path), "--steps", "2"]
+        assert main([*argv, "--run-dir", str(run), "--no-artifacts", *QUIET, *FLOW]) == 2
+        assert message in capsys.readouterr().err
+        assert not (run / "checkpoints").exists()
+
+
 def test_fpo_from_scratch_takes_one_action_per_chunk_unless_told_otherwise(tmp_path):
     """The from-scratch preset (training.presets.FPO_SCRATCH_PRESET) through the CLI, and
     the user's override above it."""
