@@ -84,6 +84,8 @@ def params(algo: PPO):
         ({"desired_kl": 0.0}, "desired_kl"),
         ({"loss": "trpo"}, "loss"),
         ({"target_kl": 0.0}, "target_kl"),
+        ({"std_lr_scale": 0.0}, "std_lr_scale"),
+        ({"std_lr_scale": float("inf")}, "std_lr_scale"),
     ],
 )
 def test_config_validation_names_the_field(kw, field):
@@ -305,6 +307,46 @@ def test_update_needs_a_full_rollout():
     algo.act(env.reset())
     with pytest.raises(RuntimeError, match="full rollout"):
         algo.update()
+
+
+def test_std_lr_scale_steps_the_std_faster_and_nothing_else():
+    """Adam's first step moves each weight by the rate times g / |g|: with the std's rate
+    scaled by 10, log_std moves 10x as far and every other weight exactly as before."""
+    runs = {}
+    for scale in (1.0, 10.0):
+        algo, env = make_ppo(schedule="fixed", lr=1e-3, num_epochs=1, num_minibatches=1,
+                             std_lr_scale=scale)  # fmt: skip
+        before = {n: p.detach().clone() for n, p in algo.policy.named_parameters()}
+        rollout(algo, env, env.reset())
+        algo.update()
+        runs[scale] = {n: p.detach() - before[n] for n, p in algo.policy.named_parameters()}
+        assert [g["lr"] for g in algo.optimizer.param_groups] == (
+            [1e-3] if scale == 1.0 else [1e-3, 1e-2]
+        )
+    base, fast = runs[1.0], runs[10.0]
+    assert base["log_std"].abs().min() > 1e-4  # it moved at all
+    torch.testing.assert_close(fast["log_std"], 10.0 * base["log_std"], rtol=1e-4, atol=0)
+    for name in base:
+        if name != "log_std":
+            assert torch.equal(fast[name], base[name]), name
+    # the adaptive rate carries the scale through its changes, and through a resume
+    algo, env = make_ppo(std_lr_scale=3.0)
+    rollout(algo, env, env.reset())
+    algo.update()
+    lr = algo.learning_rate
+    assert lr != 1e-3 and [g["lr"] for g in algo.optimizer.param_groups] == [lr, 3.0 * lr]
+    clone, _ = make_ppo(std_lr_scale=3.0)
+    clone.load_state_dict(algo.state_dict())
+    assert [g["lr"] for g in clone.optimizer.param_groups] == [lr, 3.0 * lr]
+
+
+def test_std_lr_scale_needs_a_trained_log_std():
+    torch.manual_seed(0)
+    policy = ActorCritic(1, None, 1, ActorCriticConfig(actor_hidden=(8,), critic_hidden=(8,)))
+    policy.log_std.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"std_lr_scale=2.0 needs a policy with a trained log_std"):
+        PPO(policy, PPOConfig(std_lr_scale=2.0), 4, {"policy": 1}, 1)
+    PPO(policy, PPOConfig(), 4, {"policy": 1}, 1)  # without the scale it does not care
 
 
 def test_state_dict_round_trip_continues_identically():

@@ -65,6 +65,12 @@ class PPOConfig(OnPolicyConfig):
     """Adaptive schedule: highest rate."""
     lr_final: float = 0.0
     """Linear/cosine schedules: the rate at the end."""
+    std_lr_scale: float = 1.0
+    """The action std's parameter (a Gaussian policy's ``log_std``) learns at this multiple
+    of the rate. Adam steps every weight by about the rate, so with hundreds of inputs
+    the mean's weights set the KL that an adaptive rate follows, and a rate held low by
+    them leaves the std where it started: humanoid's preset (rate 2e-5, std 1 against
+    actions bounded at 0.4) still had std 0.94 at 1M steps."""
     total_updates: int | None = None
     """Linear/cosine schedules: their length in updates; None: derived from run.total_steps, so a
     changed step budget keeps the schedule ending on time."""
@@ -83,7 +89,8 @@ class PPOConfig(OnPolicyConfig):
         check.finite("entropy_coef", "lr", "desired_kl", "lr_min", "lr_max", "lr_final")
         check.positive_or_none("clip_high")
         check.nonnegative("entropy_coef", "lr_final")
-        check.positive("lr", "desired_kl", "lr_min", "lr_max")
+        check.positive("lr", "desired_kl", "lr_min", "lr_max", "std_lr_scale")
+        check.finite("std_lr_scale")
         check.one_of("schedule", SCHEDULES)
         if self.schedule == "adaptive" and not self.lr_min <= self.lr <= self.lr_max:
             raise check.fail("lr", f"must be in [lr_min, lr_max] = [{self.lr_min}, {self.lr_max}]")
@@ -133,7 +140,7 @@ class PPO(OnPolicyLearnerState):
         self.params = [p for p in policy.parameters() if p.requires_grad]
         # fused: one kernel for all parameters; the per-tensor loop costs ~3x as much on
         # the CPU, where small networks make the optimizer step a large share of an update
-        self.optimizer = torch.optim.Adam(self.params, lr=cfg.lr, fused=True)
+        self.optimizer = torch.optim.Adam(self._param_groups(cfg), lr=cfg.lr, fused=True)
         self.adaptive: AdaptiveKL | None = None
         self.schedule: ConstantSchedule | LinearSchedule | CosineSchedule | None = None
         if cfg.schedule == "adaptive":
@@ -189,9 +196,23 @@ class PPO(OnPolicyLearnerState):
         self.schedule.total = total_updates
         self._set_lr(self.learning_rate)
 
+    def _param_groups(self, cfg: PPOConfig) -> list[dict[str, Any]]:
+        """One group of every trained parameter, or, with ``std_lr_scale``, the std's
+        parameter in a second group whose rate is scaled."""
+        if cfg.std_lr_scale == 1.0:
+            return [{"params": self.params}]
+        log_std = getattr(self.policy, "log_std", None)
+        if not isinstance(log_std, torch.nn.Parameter) or not log_std.requires_grad:
+            raise ValueError(
+                f"PPOConfig.std_lr_scale={cfg.std_lr_scale} needs a policy with a trained "
+                f"log_std parameter (a Gaussian policy); {type(self.policy).__name__} has none"
+            )
+        rest = [p for p in self.params if p is not log_std]
+        return [{"params": rest}, {"params": [log_std], "lr_scale": cfg.std_lr_scale}]
+
     def _set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
     # ------------------------------------------------------------------ acting
     @torch.no_grad()
