@@ -70,7 +70,9 @@ class PPOConfig(OnPolicyConfig):
     of the rate. Adam steps every weight by about the rate, so with hundreds of inputs
     the mean's weights set the KL that an adaptive rate follows, and a rate held low by
     them leaves the std where it started: humanoid's preset (rate 2e-5, std 1 against
-    actions bounded at 0.4) still had std 0.94 at 1M steps."""
+    actions bounded at 0.4) still had std 0.94 at 1M steps, 0.71 with a scale of 10,
+    which walked one seed of three by 1M and left the other two where the preset is
+    (docs/benchmarks_ppo.md), so no preset sets it."""
     total_updates: int | None = None
     """Linear/cosine schedules: their length in updates; None: derived from run.total_steps, so a
     changed step budget keeps the schedule ending on time."""
