@@ -11,14 +11,19 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deploy.metadata import PolicyMetadata
 
 __all__ = ["export_test_flow_policy", "export_test_policy"]
 
 
-def _task_metadata(task: str, obs_terms: Sequence[tuple[str, int]] | None, run_id: str) -> Any:
-    """The Gaussian deployment metadata of an untrained ``task`` policy, and the task's
-    action bounds: what a trained export of ``task`` carries."""
+def _task_metadata(
+    task: str, obs_terms: Sequence[tuple[str, int]] | None, run_id: str
+) -> PolicyMetadata:
+    """The Gaussian deployment metadata of an untrained ``task`` policy: what a trained
+    export of ``task`` carries."""
     from deploy.metadata import PolicyMetadata
     from sim.randomization import SimToRealConfig
     from sim.registry import make
@@ -27,7 +32,6 @@ def _task_metadata(task: str, obs_terms: Sequence[tuple[str, int]] | None, run_i
     try:
         r = env.robot
         terms = [(t.name, t.size) for t in env.observation_spec.policy.terms]
-        bounds = (env.action_spec.low, env.action_spec.high)
     finally:
         env.close()
     meta = PolicyMetadata(
@@ -46,7 +50,7 @@ def _task_metadata(task: str, obs_terms: Sequence[tuple[str, int]] | None, run_i
         run_id=run_id,
         extra={"control_mode": r.control_mode},
     )
-    return meta, bounds
+    return meta
 
 
 def export_test_policy(
@@ -71,7 +75,7 @@ def export_test_policy(
 
     from deploy.export import export_policy
 
-    meta, _ = _task_metadata(task, obs_terms, f"untrained-{task}-gain{gain:g}")
+    meta = _task_metadata(task, obs_terms, f"untrained-{task}-gain{gain:g}")
     torch.manual_seed(seed)
     sizes = [meta.obs_frame_size, *hidden]
     layers: list[torch.nn.Module] = []
@@ -100,16 +104,15 @@ def export_test_flow_policy(
     metadata a trained flow export carries (family "flow", noise shape, chunk state).
     Its actions span [-action_range, action_range] (raw units) around the default pose.
     """
-    import dataclasses
-
     import numpy as np
     import torch
 
     import training.export  # noqa: F401  registers the flow exporter
     from deploy.export import export_policy
     from policies.flow import FlowConfig, FlowPolicy
+    from training.metadata import as_flow
 
-    meta, _ = _task_metadata(task, None, f"untrained-{task}-flow{steps}")
+    meta = _task_metadata(task, None, f"untrained-{task}-flow{steps}")
     torch.manual_seed(seed)
     cfg = FlowConfig(
         horizon=horizon, act_steps=act_steps, sample_steps=steps, hidden=(64, 64), time_dim=8
@@ -117,18 +120,4 @@ def export_test_flow_policy(
     n = meta.num_joints
     r = np.full(n, action_range)
     policy = FlowPolicy(meta.obs_frame_size, n, cfg, -r, r)
-    module = policy.inference_module().eval()
-    info = module.info
-    meta = dataclasses.replace(
-        meta,
-        policy_family="flow",
-        recurrent_state=info.recurrent_state,
-        noise_shape=list(info.noise_shape),
-        extra={
-            **meta.extra,
-            "flow_steps": str(info.steps),
-            "flow_horizon": str(info.horizon),
-            "flow_act_steps": str(info.act_steps),
-        },
-    )
-    return export_policy(module, meta, path)
+    return export_policy(policy.inference_module().eval(), as_flow(meta, policy), path)

@@ -156,12 +156,18 @@ def _generative_metadata(
     low = np.asarray(ck["action_low"], dtype=np.float64)
     high = np.asarray(ck["action_high"], dtype=np.float64)
     meta = metadata_from_checkpoint(ck, action_bounds=(low, high))
+    return _as_generative(meta, family, info, {**extra, "checkpoint_kind": str(ck.get("kind"))})
+
+
+def _as_generative(
+    meta: PolicyMetadata, family: str, info: Any, extra: dict[str, str]
+) -> PolicyMetadata:
     return dataclasses.replace(
         meta,
         policy_family=family,
         recurrent_state=info.recurrent_state,
         noise_shape=list(info.noise_shape),
-        extra={**meta.extra, **extra, "checkpoint_kind": str(ck.get("kind"))},
+        extra={**meta.extra, **extra},
     )
 
 
@@ -188,14 +194,20 @@ def flow_metadata(ck: Mapping[str, Any], policy: Any) -> PolicyMetadata:
     export writes: family "flow", the noise input x_0 [horizon, A], the Euler step
     count and the chunk-execution state."""
     info = policy.inference_module().info
-    return _generative_metadata(
-        ck,
-        "flow",
-        info,
-        {
-            "flow_steps": str(info.steps),
-            "flow_horizon": str(info.horizon),
-            "flow_act_steps": str(info.act_steps),
-            "flow_shortcut": str(bool(policy.cfg.shortcut)).lower(),
-        },
-    )
+    return _generative_metadata(ck, "flow", info, _flow_fields(policy, info))
+
+
+def as_flow(meta: PolicyMetadata, policy: Any) -> PolicyMetadata:
+    """``meta`` (a Gaussian policy's contract: robot, terms, bounds) as ``policy``'s, a
+    FlowPolicy's: what flow_metadata adds to a checkpoint's, for a policy that has none."""
+    info = policy.inference_module().info
+    return _as_generative(meta, "flow", info, _flow_fields(policy, info))
+
+
+def _flow_fields(policy: Any, info: Any) -> dict[str, str]:
+    return {
+        "flow_steps": str(info.steps),
+        "flow_horizon": str(info.horizon),
+        "flow_act_steps": str(info.act_steps),
+        "flow_shortcut": str(bool(policy.cfg.shortcut)).lower(),
+    }
