@@ -12,9 +12,12 @@ thread; p50/p99).
 Beside them: our PPO at the same env steps when ``--ppo-runs task=run_dir`` names PPO
 runs (their ``eval/return`` rows, or else the training return, nearest step), otherwise
 the PPO figures of docs/benchmarks_ppo.md, which are at 1M steps (the table says so).
-Published TD-MPC2 / DreamerV3 figures are for the DeepMind Control Suite
-(cheetah-run, hopper-hop / hopper-stand: other models, rewards and episode rules
-than Gymnasium's v5 tasks), so none is printed as a ratio: the setting does not match.
+Published figures beside them: MR.Q's (Fujimoto et al. 2025), whose released results
+cover Gymnasium's v4 HalfCheetah and Hopper (the models and reward terms of v5, except
+that v4's hopper is paid its healthy reward on the step it falls too: at most 1 per
+episode; one env, one update per env step, 10 seeds, 10 evaluation episodes). TD-MPC2 and DreamerV3 publish the
+DeepMind Control Suite only (cheetah-run, hopper-hop / hopper-stand: other models,
+rewards and episode rules than Gymnasium's tasks), so no figure of theirs is printed.
 
 ``--probe STEPS`` measures instead: one seed of each task for STEPS env steps, then
 extrapolates the time of a 300k-step run from the learning phase's own throughput
@@ -52,6 +55,13 @@ from benchmarks.inference_latency import _machine  # noqa: E402
 PPO_1M = {"halfcheetah": 6010.0, "hopper": 3521.0}
 """Median over 3 seeds of our PPO preset at 1M env steps (docs/benchmarks_ppo.md)."""
 QUIET = ["run.progress=false", "run.video=false"]
+MRQ_PUBLISHED = {
+    "halfcheetah": {100_000: 7977.0, 300_000: 11327.0, 1_000_000: 13616.0},
+    "hopper": {100_000: 2519.0, 300_000: 2342.0, 1_000_000: 2485.0},
+}
+"""MR.Q's median evaluation return over its 10 seeds at these env steps on Gym-HalfCheetah-v4
+and Gym-Hopper-v4: results/gym_results.txt of github.com/facebookresearch/MRQ at commit
+8a44a7d (2025-02-05), read, not rerun."""
 
 
 def _config(task: str, seed: int, steps: int, extra: list[str]):
@@ -220,9 +230,10 @@ def main() -> None:
             cache[lat_key] = onnx_latency(out / f"{task}_s{a.seeds[0]}", a.latency_calls)
             cache = _store(cache_path, lat_key, cache[lat_key])
     print(
-        "\n| task | env steps | actor (median) | planner (median) | PPO | updates/s | ONNX p99 ms |"
+        "\n| task | env steps | actor (median) | planner (median) | PPO | MR.Q (published, v4) "
+        "| updates/s | ONNX p99 ms |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for task in a.tasks:
         for steps in sorted(a.at):
             rows = [cache[f"{task}/{s}/{steps}"] for s in a.seeds]
@@ -233,15 +244,18 @@ def main() -> None:
                 ppo = "n/a" if value is None else f"{value:.0f}"
             else:
                 ppo = f"{PPO_1M.get(task, float('nan')):.0f} (at 1M steps)"
+            mrq = MRQ_PUBLISHED.get(task, {}).get(steps)
+            mrq_cell = "n/a" if mrq is None else f"{mrq:.0f}"
             ups = statistics.mean(r["updates_per_second"] for r in rows)
             p99 = cache[f"{task}/onnx"]["p99_ms"]
             print(
-                f"| {task} | {steps:,} | {actor:.0f} | {planner:.0f} | {ppo} | {ups:.1f} | "
+                f"| {task} | {steps:,} | {actor:.0f} | {planner:.0f} | {ppo} | {mrq_cell} | {ups:.1f} | "
                 f"{p99:.3f} |"
             )
     print(
-        "\nPublished TD-MPC2 / DreamerV3 figures: DeepMind Control Suite tasks only "
-        "(cheetah-run, hopper-hop/stand), not Gymnasium v5 hopper/halfcheetah: no ratio."
+        "\nMR.Q: median of its 10 published seeds (Gym v4, one env, one update per step). "
+        "TD-MPC2 / DreamerV3 publish DeepMind Control Suite tasks only (cheetah-run, "
+        "hopper-hop/stand), not Gymnasium's hopper/halfcheetah: none printed."
     )
 
 
