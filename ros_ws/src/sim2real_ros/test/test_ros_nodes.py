@@ -434,6 +434,65 @@ def test_simulated_robot_stands_with_a_standing_policy(ros_setup, test_policies)
     assert np.isfinite(cmds).all() and np.allclose(cmds[-1], DEFAULT)
 
 
+@pytest.fixture(scope="module")
+def world_model_policy(tmp_path_factory):
+    """The world-model learner's exported actor for the quadruped, from a tiny run of
+    the real learner (untrained, but through the same export as any trained run)."""
+    import torch
+
+    from training.export import export_run
+    from training.off_policy_runner import OffPolicyRunner
+    from training.train_configs import build_world_model_config
+
+    root = tmp_path_factory.mktemp("ros_world_model")
+    overrides = [
+        "run.progress=false", "run.tensorboard=false", "run.video=false",
+        "run.eval_planner=false", "run.total_steps=24", "env.num_envs=2",
+        "policy.hidden=32", "policy.latent_dim=16", "policy.encoder_hidden=32",
+        "policy.num_bins=21", "tdmpc.batch_size=8", "tdmpc.seed_steps=8",
+        "planner.iterations=1", "planner.num_samples=8", "planner.num_elites=2",
+        "planner.num_pi_trajs=2",
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        runner = OffPolicyRunner(build_world_model_config("quadruped", overrides), root / "run")
+        runner.train()
+        runner.close()
+    finally:
+        torch.set_num_threads(threads)
+    return export_run(root / "run", root / "world_model.onnx")
+
+
+def test_the_world_model_learners_actor_drives_the_simulated_robot(ros_setup, world_model_policy):
+    """The world-model learner's export is a plain feed-forward actor with the robot's
+    metadata: the unchanged policy node runs it against the simulated robot."""
+    _, _, h, spawn = ros_setup
+    meta = read_metadata(world_model_policy)
+    assert meta.extra["checkpoint_kind"] == "world_model" and meta.task == "quadruped"
+    spawn("sim2real_ros.sim_robot_node", params_files=[SIM_YAML])
+    spawn(
+        "sim2real_ros.policy_node",
+        params_files=[POLICY_YAML],
+        params=_policy_params(world_model_policy, autostart="activate", ramp_in_s=0.0),
+    )
+    assert h.spin_for(60.0, until=lambda: len(h.commands) >= 10), "loop did not start"
+    t0 = time.monotonic()
+    h.spin_for(2.0)
+    h.diagnostics.clear()
+    h.spin_for(2.5, until=lambda: POLICY_NODE in h.diagnostics)
+    pol = h.diagnostics[POLICY_NODE]
+    assert pol["policy_family"] == "gaussian_mlp" and pol["state"] == "active"
+    assert float(pol["rate_hz"]) > 40.0
+    cmds = np.array([c for t, c in h.commands if t > t0])
+    assert len(cmds) > 50 and np.isfinite(cmds).all()
+    lo, hi = np.asarray(meta.joint_pos_lower), np.asarray(meta.joint_pos_upper)
+    assert (cmds >= lo - 1e-9).all() and (cmds <= hi + 1e-9).all()
+    # the actor's targets, not the safe posture (the default pose) held by a node
+    # that does not run its policy
+    assert np.abs(cmds - DEFAULT).max() > 1e-3
+
+
 def test_a_flow_policy_drives_the_simulated_robot(ros_setup, test_policies):
     """A generative policy over the wire: a flow policy (noise input, chunks of 4 of
     which 2 run) on the policy node against the simulated robot, sampling with its seed."""
