@@ -464,17 +464,17 @@ def world_model_policy(tmp_path_factory):
     return export_run(root / "run", root / "world_model.onnx")
 
 
-def test_the_world_model_learners_actor_drives_the_simulated_robot(ros_setup, world_model_policy):
-    """The world-model learner's export is a plain feed-forward actor with the robot's
-    metadata: the unchanged policy node runs it against the simulated robot."""
+def _drive_simulated_robot(ros_setup, path, family: str, **params):
+    """Run the policy node with `path` against the simulated robot for 2 s once its loop
+    has started; check the node is active at rate with `family`, and every command
+    finite and within the joint limits. Returns (commands of those 2 s, node process)."""
     _, _, h, spawn = ros_setup
-    meta = read_metadata(world_model_policy)
-    assert meta.extra["checkpoint_kind"] == "world_model" and meta.task == "quadruped"
+    meta = read_metadata(path)
     spawn("sim2real_ros.sim_robot_node", params_files=[SIM_YAML])
-    spawn(
+    node = spawn(
         "sim2real_ros.policy_node",
         params_files=[POLICY_YAML],
-        params=_policy_params(world_model_policy, autostart="activate", ramp_in_s=0.0),
+        params=_policy_params(path, autostart="activate", ramp_in_s=0.0, **params),
     )
     assert h.spin_for(60.0, until=lambda: len(h.commands) >= 10), "loop did not start"
     t0 = time.monotonic()
@@ -482,12 +482,21 @@ def test_the_world_model_learners_actor_drives_the_simulated_robot(ros_setup, wo
     h.diagnostics.clear()
     h.spin_for(2.5, until=lambda: POLICY_NODE in h.diagnostics)
     pol = h.diagnostics[POLICY_NODE]
-    assert pol["policy_family"] == "gaussian_mlp" and pol["state"] == "active"
+    assert pol["policy_family"] == family and pol["state"] == "active"
     assert float(pol["rate_hz"]) > 40.0
     cmds = np.array([c for t, c in h.commands if t > t0])
     assert len(cmds) > 50 and np.isfinite(cmds).all()
     lo, hi = np.asarray(meta.joint_pos_lower), np.asarray(meta.joint_pos_upper)
     assert (cmds >= lo - 1e-9).all() and (cmds <= hi + 1e-9).all()
+    return cmds, node
+
+
+def test_the_world_model_learners_actor_drives_the_simulated_robot(ros_setup, world_model_policy):
+    """The world-model learner's export is a plain feed-forward actor with the robot's
+    metadata: the unchanged policy node runs it against the simulated robot."""
+    meta = read_metadata(world_model_policy)
+    assert meta.extra["checkpoint_kind"] == "world_model" and meta.task == "quadruped"
+    cmds, _ = _drive_simulated_robot(ros_setup, world_model_policy, "gaussian_mlp")
     # the actor's targets, not the safe posture (the default pose) held by a node
     # that does not run its policy
     assert np.abs(cmds - DEFAULT).max() > 1e-3
@@ -496,27 +505,7 @@ def test_the_world_model_learners_actor_drives_the_simulated_robot(ros_setup, wo
 def test_a_flow_policy_drives_the_simulated_robot(ros_setup, test_policies):
     """A generative policy over the wire: a flow policy (noise input, chunks of 4 of
     which 2 run) on the policy node against the simulated robot, sampling with its seed."""
-    _, _, h, spawn = ros_setup
-    path = test_policies["flow"]
-    meta = read_metadata(path)
-    spawn("sim2real_ros.sim_robot_node", params_files=[SIM_YAML])
-    node = spawn(
-        "sim2real_ros.policy_node",
-        params_files=[POLICY_YAML],
-        params=_policy_params(path, autostart="activate", seed=3, ramp_in_s=0.0),
-    )
-    assert h.spin_for(60.0, until=lambda: len(h.commands) >= 10), "loop did not start"
-    t0 = time.monotonic()
-    h.spin_for(2.0)
-    h.diagnostics.clear()
-    h.spin_for(2.5, until=lambda: POLICY_NODE in h.diagnostics)
-    pol = h.diagnostics[POLICY_NODE]
-    assert pol["policy_family"] == "flow" and pol["state"] == "active"
-    assert float(pol["rate_hz"]) > 40.0
-    cmds = np.array([c for t, c in h.commands if t > t0])
-    assert len(cmds) > 50 and np.isfinite(cmds).all()
-    lo, hi = np.asarray(meta.joint_pos_lower), np.asarray(meta.joint_pos_upper)
-    assert (cmds >= lo - 1e-9).all() and (cmds <= hi + 1e-9).all()
+    cmds, node = _drive_simulated_robot(ros_setup, test_policies["flow"], "flow", seed=3)
     # sampled chunks: the targets move around the default pose, every joint
     assert (cmds.std(axis=0) > 1e-3).all()
     assert np.abs(cmds.mean(axis=0) - DEFAULT).max() < 0.2
