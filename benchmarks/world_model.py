@@ -15,9 +15,10 @@ the PPO figures of docs/benchmarks_ppo.md, which are at 1M steps (the table says
 Published figures beside them: MR.Q's (Fujimoto et al. 2025), whose released results
 cover Gymnasium's v4 HalfCheetah and Hopper (the models and reward terms of v5, except
 that v4's hopper is paid its healthy reward on the step it falls too: at most 1 per
-episode; one env, one update per env step, 10 seeds, 10 evaluation episodes). TD-MPC2 and DreamerV3 publish the
-DeepMind Control Suite only (cheetah-run, hopper-hop / hopper-stand: other models,
-rewards and episode rules than Gymnasium's tasks), so no figure of theirs is printed.
+episode; one env, one update per env step, 10 seeds, 10 evaluation episodes). TD-MPC2
+and DreamerV3 publish the DeepMind Control Suite only (cheetah-run, hopper-hop /
+hopper-stand: other models, rewards and episode rules than Gymnasium's tasks), so no
+figure of theirs is printed.
 
 ``--probe STEPS`` measures instead: one seed of each task for STEPS env steps, then
 extrapolates the time of a 300k-step run from the learning phase's own throughput
@@ -249,8 +250,8 @@ def main() -> None:
             ups = statistics.mean(r["updates_per_second"] for r in rows)
             p99 = cache[f"{task}/onnx"]["p99_ms"]
             print(
-                f"| {task} | {steps:,} | {actor:.0f} | {planner:.0f} | {ppo} | {mrq_cell} | {ups:.1f} | "
-                f"{p99:.3f} |"
+                f"| {task} | {steps:,} | {actor:.0f} | {planner:.0f} | {ppo} | {mrq_cell} | "
+                f"{ups:.1f} | {p99:.3f} |"
             )
     print(
         "\nMR.Q: median of its 10 published seeds (Gym v4, one env, one update per step). "

@@ -455,11 +455,11 @@ def world_model_policy(tmp_path_factory):
     ]  # fmt: skip
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    runner = OffPolicyRunner(build_world_model_config("quadruped", overrides), root / "run")
     try:
-        runner = OffPolicyRunner(build_world_model_config("quadruped", overrides), root / "run")
         runner.train()
-        runner.close()
     finally:
+        runner.close()
         torch.set_num_threads(threads)
     return export_run(root / "run", root / "world_model.onnx")
 
