@@ -1,6 +1,8 @@
 """The MuJoCo Warp backend against the C backend: env steps/s per task and batch size
 (interleaved rounds, the same random actions), and the time Warp takes to build an env
-and take its first step (kernel compile on a cold cache, load on a warm one).
+and take its first step (kernel compile on a cold cache, load on a warm one). Warp
+runs twice: with the task's numpy hooks on the host, and with its torch hooks on
+Warp's device (sim/device_step.py; the tasks that have them).
 
     python benchmarks/warp_backend.py --tasks halfcheetah quadruped --envs 64 512
     # on a GPU machine: Warp on CUDA against the C backend on all CPU cores
@@ -21,12 +23,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.bench import _random_actions, _steps_per_second  # noqa: E402
+from sim.bench import _random_actions  # noqa: E402
 from sim.machine_load import LoadMonitor  # noqa: E402
-from sim.registry import make  # noqa: E402
+from sim.registry import make, torch_hook_tasks  # noqa: E402
 from sim.warp_engine import warp_cache_dir  # noqa: E402
 
 
@@ -58,32 +61,63 @@ def compare(
 ) -> dict:
     envs = {
         "c": make(task, num_envs, seed=0),
-        "warp": make(task, num_envs, seed=0, backend="warp", device=device),
+        "warp": make(task, num_envs, seed=0, backend="warp", device=device, hooks="numpy"),
     }
+    if task in torch_hook_tasks():
+        envs["warp_torch"] = make(
+            task, num_envs, seed=0, backend="warp", device=device, hooks="torch"
+        )
     rates: dict[str, list[float]] = {k: [] for k in envs}
     try:
         for e in envs.values():
             e.reset()
         acts = _random_actions(envs["c"], 8, np.random.default_rng(0))
-        for _ in range(rounds):  # interleaved: both see the same machine load
+        for _ in range(rounds):  # interleaved: all see the same machine load
             for name, e in envs.items():
-                rates[name].append(_steps_per_second(e.step, acts, seconds, 3) * num_envs)
+                # actions where a policy would make them: on the env's device
+                mine = [a.to(e.device) for a in acts]
+                rates[name].append(_rate(e, mine, seconds) * num_envs)
                 if monitor is not None:
                     monitor.sample()
     finally:
         for e in envs.values():
             e.close()
-    c, w = statistics.median(rates["c"]), statistics.median(rates["warp"])
-    per_round = statistics.median(a / b for a, b in zip(rates["warp"], rates["c"], strict=True))
+
+    def ratio(a: str, b: str) -> float | None:  # the median of the per-round ratios
+        if a not in rates:
+            return None
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
     return {
         "task": task,
         "num_envs": num_envs,
-        "c": c,
-        "warp": w,
-        "warp_over_c": per_round,  # the median of the per-round ratios
+        "c": statistics.median(rates["c"]),
+        "warp": statistics.median(rates["warp"]),
+        "warp_torch": statistics.median(rates["warp_torch"]) if "warp_torch" in rates else None,
+        "warp_over_c": ratio("warp", "c"),
+        "warp_torch_over_c": ratio("warp_torch", "c"),
+        "torch_over_numpy_hooks": ratio("warp_torch", "warp"),
         "rounds": rates,
         "load": os.getloadavg(),
     }
+
+
+def _rate(env, actions: list, seconds: float) -> float:
+    """Batch steps per second; the torch-hooks env queues its CUDA work without waiting,
+    so the clock stops only after the device has finished it."""
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else (lambda: None)
+    for a in actions[:3]:
+        env.step(a)
+    sync()
+    steps, t0 = 0, time.perf_counter()
+    while True:
+        env.step(actions[steps % len(actions)])
+        steps += 1
+        if steps % 8 == 0:
+            sync()
+            dt = time.perf_counter() - t0
+            if dt >= seconds:
+                return steps / dt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,14 +138,20 @@ def main(argv: list[str] | None = None) -> int:
         out["first_step"][task] = fs
         state = "cold (compiled)" if fs["new_cache_files"] else "warm (cache)"
         print(f"{task}: make + reset + first step on Warp {fs['seconds']:.1f} s, {state}")
-    print(f"{'task':<12} {'envs':>6} {'C env steps/s':>14} {'Warp env steps/s':>17} {'Warp/C':>7}")
+    print(
+        f"{'task':<12} {'envs':>6} {'C env steps/s':>14} {'Warp, numpy hooks':>18} "
+        f"{'Warp, torch hooks':>18} {'numpy/C':>8} {'torch/C':>8} {'torch/numpy':>11}"
+    )
     for task in a.tasks:
         for n in a.envs:
             r = compare(task, n, a.device, a.rounds, a.seconds, monitor)
             out["rows"].append(r)
+            wt = "-" if r["warp_torch"] is None else f"{r['warp_torch']:,.0f}"
+            tc = "-" if r["warp_torch"] is None else f"{r['warp_torch_over_c']:.3f}"
+            tn = "-" if r["warp_torch"] is None else f"{r['torch_over_numpy_hooks']:.3f}"
             print(
-                f"{task:<12} {n:>6} {r['c']:>14,.0f} {r['warp']:>17,.0f} {r['warp_over_c']:>7.3f}"
-                f"   load {r['load'][0]:.2f}"
+                f"{task:<12} {n:>6} {r['c']:>14,.0f} {r['warp']:>18,.0f} {wt:>18} "
+                f"{r['warp_over_c']:>8.3f} {tc:>8} {tn:>11}   load {r['load'][0]:.2f}"
             )
     monitor.stop()
     out["machine_load"] = {"verdict": monitor.describe(), "busy": monitor.busy}

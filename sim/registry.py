@@ -12,11 +12,55 @@ from sim.randomization import SimToRealConfig
 from sim.vec_env import MujocoVecEnv
 
 _TASKS: dict[str, Callable[[], type[MujocoVecEnv]]] = {}
+# tasks whose hooks are also written in torch, for the step that stays on the device
+# (sim.device_step): task name -> that class
+_TORCH_TASKS: dict[str, Callable[[], type[MujocoVecEnv]]] = {}
+HOOKS = ("auto", "numpy", "torch")
 
 
 def register(name: str, loader: Callable[[], type[MujocoVecEnv]]) -> None:
     """Register a task class lazily (so importing `sim` does not build every model)."""
     _TASKS[name] = loader
+
+
+def register_torch(name: str, loader: Callable[[], type[MujocoVecEnv]]) -> None:
+    """Register the torch-hooks class of task `name` (sim.device_step), lazily."""
+    _TORCH_TASKS[name] = loader
+
+
+def torch_hook_tasks() -> list[str]:
+    """Tasks that can run their hooks in torch on the simulator's device."""
+    return sorted(_TORCH_TASKS)
+
+
+def resolve_hooks(
+    task: str, hooks: str, backend: str, device: torch.device, options: dict | None = None
+) -> str:
+    """'numpy' or 'torch': where task `task` (built with `options`) runs its hooks.
+    'auto' is torch for a MuJoCo Warp batch on a CUDA device where the task has torch
+    hooks for those options (no host round trip per step), numpy elsewhere. ValueError
+    naming what is wrong with a request."""
+    if hooks not in HOOKS:
+        raise ValueError(f"hooks must be one of {list(HOOKS)}, got {hooks!r}")
+    why_not = None
+    if task in _TORCH_TASKS:
+        why_not = _TORCH_TASKS[task]().torch_unsupported(options or {})
+    if hooks == "auto":
+        fast = backend == "warp" and device.type == "cuda" and task in _TORCH_TASKS
+        return "torch" if fast and why_not is None else "numpy"
+    if hooks == "torch":
+        if backend != "warp":
+            raise ValueError(
+                f"hooks='torch' runs on the MuJoCo Warp engine's memory: use backend='warp', "
+                f"not {backend!r}"
+            )
+        if task not in _TORCH_TASKS:
+            raise ValueError(
+                f"task {task!r} has no torch hooks; tasks with them: {', '.join(torch_hook_tasks())}"
+            )
+        if why_not is not None:
+            raise ValueError(f"task {task!r}: {why_not}")
+    return hooks
 
 
 def task_names() -> list[str]:
@@ -94,6 +138,7 @@ def make(
     seed: int | None = None,
     device: str | torch.device = "cpu",
     s2r: SimToRealConfig | dict | None = None,
+    hooks: str = "auto",
     **kwargs,
 ) -> MujocoVecEnv:
     """Build a batched environment of `task` with `num_envs` copies.
@@ -101,8 +146,14 @@ def make(
     `s2r` overrides the task's sim-to-real defaults: a `SimToRealConfig` replaces
     them, a dict updates individual fields. A task "prefix:name" is an env of another
     framework, built by the factory registered for the prefix (sim.external).
+    `hooks` says where the task's observation, reward and reset code runs with
+    backend="warp" (resolve_hooks): "torch" keeps the whole step on the device.
     """
     if is_external(task):
+        if hooks != "auto":
+            raise ValueError(
+                f"{task} is an external env: hooks={hooks!r} applies to our tasks only"
+            )
         return _make_external(task, num_envs, seed, device, s2r, kwargs)
     cls = task_class(task)
     if isinstance(s2r, dict):
@@ -110,6 +161,9 @@ def make(
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    hooks = resolve_hooks(task, hooks, kwargs.get("backend", "c"), device, kwargs)
+    if hooks == "torch":
+        cls = _TORCH_TASKS[task]()
     return cls(num_envs=num_envs, seed=seed, device=device, s2r=s2r, **kwargs)
 
 
@@ -153,3 +207,11 @@ register("quadruped", _lazy("sim.tasks.quadruped", "Quadruped"))
 register("go1", _lazy("sim.tasks.go1", "Go1"))
 register("go1_rough", _lazy("sim.tasks.go1", "Go1Rough"))
 register("instructed_reach", _lazy("sim.tasks.instructed_reach", "InstructedReach"))
+
+register_torch("cartpole", _lazy("sim.tasks.gym_torch", "CartPoleTorch"))
+register_torch("halfcheetah", _lazy("sim.tasks.gym_torch", "HalfCheetahTorch"))
+register_torch("hopper", _lazy("sim.tasks.gym_torch", "HopperTorch"))
+register_torch("walker2d", _lazy("sim.tasks.gym_torch", "Walker2dTorch"))
+register_torch("ant", _lazy("sim.tasks.gym_torch", "AntTorch"))
+register_torch("quadruped", _lazy("sim.tasks.quadruped_torch", "QuadrupedTorch"))
+register_torch("go1", _lazy("sim.tasks.quadruped_torch", "Go1Torch"))

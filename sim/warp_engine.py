@@ -12,9 +12,10 @@ What differs from the C engines, and why:
   to ~1e-3 after 100 control steps (tests/test_sim_warp.py measures it per task).
 - `get` returns the device arrays as numpy. On Warp's CPU device that is a view of
   the engine's memory, as `BatchEngine.get` is; on a CUDA device it is a host copy,
-  made once per field between two physics calls, and `set` writes through it: the task
-  hooks still run in numpy on the host, one round trip per field and control step.
-  Torch-side task hooks that stay on the device are not written yet. On CUDA the
+  made once per field between two physics calls, and `set` writes through it: the
+  numpy task hooks run on the host, one round trip per field and control step.
+  `tensor` and `model_tensor` are zero-copy torch views of the same arrays on the
+  device, for the torch task hooks (sim.device_step) that never leave it. On CUDA the
   physics substeps of a control step run as one captured CUDA graph.
 - A batch forward pass, reset or set_const runs on every world (Warp's kernels take
   no world mask). `forward(ids)` and `set_const(ids)` therefore put back, for the
@@ -119,7 +120,7 @@ class WarpEngine:
         # CUDA only: host copies of data fields, valid until the next physics call, and
         # the captured graphs of `nsub` substeps
         self._host: dict[str, np.ndarray] = {}
-        self._graphs: dict[int, object] = {}
+        self._graphs: dict[int | str, object] = {}
 
     # -- data fields ---------------------------------------------------------------
     def _array(self, name: str):
@@ -194,6 +195,14 @@ class WarpEngine:
     # -- stepping ------------------------------------------------------------------
     def step(self, ctrl: np.ndarray, nsub: int) -> None:
         self.set("ctrl", ctrl)
+        self.physics(nsub)
+
+    def physics(self, nsub: int) -> None:
+        """`nsub` physics steps from the controls in place (written through `tensor`)."""
+        with self._ordered_with_torch():
+            self._physics(nsub)
+
+    def _physics(self, nsub: int) -> None:
         if self._is_cpu:  # Warp has no graphs on the CPU
             self._substeps(nsub)
         else:
@@ -236,6 +245,76 @@ class WarpEngine:
         yield
         for n, v in kept.items():
             self.set(n, v, others)
+
+    # -- torch views, for task hooks that stay on the device (sim.device_step) -------
+    def tensor(self, name: str):
+        """Data field `name` as a torch tensor sharing the engine's memory on its
+        device ((num_envs, ...); vectors as a trailing axis): reads see the last physics
+        call, writes reach the next one."""
+        self._read.add(name)
+        return self.wp.to_torch(self._array(name), requires_grad=False)
+
+    def model_tensor(self, name: str):
+        """Model field `name` batched per world (sim.randomization), as a torch view.
+        Take every view before the first `physics` call: batching a field later moves
+        it, and a view taken before would write to the old array."""
+        field = self._batched(name)
+        self.written_model_fields.add(name)
+        return self.wp.to_torch(field, requires_grad=False)
+
+    @contextlib.contextmanager
+    def _ordered_with_torch(self) -> Iterator[None]:
+        """On CUDA, order Warp's stream after torch's current one and torch's after
+        Warp's: the torch ops that wrote the inputs (controls, reset states, model
+        fields) finish before the kernels read them, and the kernels before the torch
+        ops that read their outputs. Neither waits on the host."""
+        if self._is_cpu:
+            yield
+            return
+        import torch
+
+        theirs = self.wp.stream_from_torch(torch.cuda.current_stream(torch.device(self.device)))
+        mine = self.wp.get_stream(self.device)
+        mine.wait_stream(theirs)
+        yield
+        theirs.wait_stream(mine)
+
+    def reset_where(self, mask) -> None:
+        """mj_resetData for the worlds where the torch bool tensor `mask` is set."""
+        with self._ordered_with_torch():
+            reset = self.wp.from_torch(mask, dtype=self.wp.bool)
+            self.mjw.reset_data(self.m, self.d, reset=reset)
+        self._device_changed()
+
+    def forward_all(self) -> None:
+        """A forward pass of every world (the caller keeps what it must of the others);
+        on CUDA one captured graph, as the substeps."""
+        with self._ordered_with_torch():
+            if self._is_cpu:
+                self._forward()
+            else:
+                if "forward" not in self._graphs:
+                    self._forward()  # compiles and loads every kernel before capture
+                    with self.wp.ScopedCapture(device=self.device) as capture:
+                        self._forward()
+                    self._graphs["forward"] = capture.graph
+                self.wp.capture_launch(self._graphs["forward"])
+        self._device_changed()
+
+    def _forward(self) -> None:
+        self.mjw.forward(self.m, self.d)
+        if self.rne_post:
+            self.mjw.rne_postconstraint(self.m, self.d)
+
+    def set_const_all(self) -> None:
+        """mj_setConst of every world, its outputs batched per world."""
+        for name in _SET_CONST_OUTPUTS:
+            field = getattr(self.m, name, None)
+            if field is not None and hasattr(field, "shape") and field.shape[0] == 1:
+                self._batched(name)
+        with self._ordered_with_torch():
+            self.mjw.set_const(self.m, self.d)
+        self._device_changed()
 
     # -- single envs (rendering, inspection) ----------------------------------------
     def get_model(self, i: int) -> mujoco.MjModel:

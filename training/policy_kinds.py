@@ -100,6 +100,7 @@ def make_env(
         num_threads=cfg.env.threads,
         max_episode_steps=cfg.env.max_episode_steps,
         backend=cfg.env.backend,
+        hooks=cfg.env.hooks,
         **cfg.env.task_args,
     )
 

@@ -22,7 +22,7 @@ from policies.gaussian import ActorCriticConfig
 from policies.world_model import WorldModelConfig
 from sim.engine import BACKENDS
 from sim.randomization import SimToRealConfig
-from sim.registry import sim_to_real_config, task_options
+from sim.registry import HOOKS, sim_to_real_config, task_options
 from training.adversary import AdversaryConfig
 from training.algorithms.bc import BCConfig
 from training.algorithms.dppo import DPPOConfig
@@ -74,6 +74,11 @@ class EnvConfig:
     backend: str = "c"
     """Physics engine: "c" (C MuJoCo on CPU threads) or "warp" (MuJoCo Warp on
     run.device: Warp's CPU device on a machine without a GPU; sim/warp_engine.py)."""
+    hooks: str = "auto"
+    """Where the task's observation, reward and reset code runs with backend "warp":
+    "torch" on the device with the physics (no host round trip per step; the tasks
+    sim.registry.torch_hook_tasks() lists), "numpy" on the host, "auto" torch on CUDA
+    where the task has torch hooks, numpy elsewhere (sim/device_step.py)."""
     task_args: dict[str, Any] = field(default_factory=dict)
     """The task constructor's own options, e.g. {"command_vx": [0, 1]} for quadruped."""
     s2r: dict[str, Any] = field(default_factory=dict)
@@ -91,10 +96,15 @@ class EnvConfig:
         known = task_options(self.task)  # unknown task: a clear error now, not later
         if self.backend not in BACKENDS:
             raise ValueError(f"env.backend must be one of {list(BACKENDS)}, got {self.backend!r}")
-        clash = sorted(set(self.task_args) & {"num_threads", "max_episode_steps", "backend"})
+        if self.hooks not in HOOKS:
+            raise ValueError(f"env.hooks must be one of {list(HOOKS)}, got {self.hooks!r}")
+        clash = sorted(
+            set(self.task_args) & {"num_threads", "max_episode_steps", "backend", "hooks"}
+        )
         if clash:
             raise ValueError(
-                f"env.task_args: set {clash} with env.threads / env.max_episode_steps / env.backend"
+                f"env.task_args: set {clash} with env.threads / env.max_episode_steps / "
+                "env.backend / env.hooks"
             )
         # the simulator's own settings, not options of the task
         reserved = sorted(set(self.task_args) & {"dtype", "nan_action"})
