@@ -419,11 +419,7 @@ class DeviceStep:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("task") != self.name or state.get("num_envs") != self.num_envs:
-            raise ValueError(
-                f"env state is for task {state.get('task')!r} with {state.get('num_envs')} envs; "
-                f"this env is {self.name!r} with {self.num_envs}"
-            )
+        self._check_state_fits(state)
         if state.get("hooks") != "torch":
             raise ValueError(
                 "env state was saved by an env with numpy task hooks; this env runs its "

@@ -564,11 +564,19 @@ class MujocoVecEnv:
             "engine": engine_state(self.engine),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def _check_state_fits(self, state: dict[str, Any]) -> None:
         if state.get("task") != self.name or state.get("num_envs") != self.num_envs:
             raise ValueError(
                 f"env state is for task {state.get('task')!r} with {state.get('num_envs')} envs; "
                 f"this env is {self.name!r} with {self.num_envs}"
+            )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_state_fits(state)
+        if "tensors" in state:
+            raise ValueError(
+                "env state was saved by an env with torch task hooks (hooks='torch'); this "
+                "env runs its hooks in numpy: their states do not convert"
             )
         parts = self._stateful_parts()
         for key, value in state["arrays"].items():

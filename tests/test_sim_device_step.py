@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("mujoco_warp")
 
 from sim.randomization import SimToRealConfig  # noqa: E402
-from sim.registry import make, resolve_hooks, torch_hook_tasks  # noqa: E402
+from sim.registry import make, resolve_hooks, task_class, torch_hook_tasks  # noqa: E402
 
 DEVICE = os.environ.get("SIM2REAL_TEST_WARP_DEVICE", "cpu")
 TASKS = ["cartpole", "halfcheetah", "hopper", "walker2d", "ant", "quadruped"]
@@ -167,6 +167,30 @@ def test_external_forces_push_the_base_as_on_the_numpy_hooks():
         ref.close(), dev.close()
 
 
+@pytest.mark.parametrize("task", ["halfcheetah", "hopper", "ant"])
+def test_resets_draw_the_v5_noise_of_the_numpy_hooks(task):
+    """Uniform qpos noise, and qvel noise uniform (hopper) or normal (halfcheetah, ant)
+    of the task's scale: the spread of 512 resets on both hooks."""
+    kw = dict(s2r=SimToRealConfig(), backend="warp", device=DEVICE)
+    spread = {}
+    for hooks in ("numpy", "torch"):
+        env = make(task, 512, seed=0, hooks=hooks, **kw)
+        env.reset()
+        state = env.get_state()
+        spread[hooks] = [
+            float(np.abs(state["qpos"] - env.init_qpos).max()),
+            float((state["qpos"] - env.init_qpos).std()),
+            float(np.abs(state["qvel"]).max()),
+            float(state["qvel"].std()),
+        ]
+        env.close()
+    s = task_class(task).reset_noise_scale
+    assert spread["torch"][0] <= s + 1e-6 and spread["torch"][2] > 0
+    np.testing.assert_allclose(spread["torch"][1::2], spread["numpy"][1::2], rtol=0.05)
+    # the qvel's largest draw tells uniform (at most the scale) from normal (beyond it)
+    assert (spread["torch"][2] > s) == (spread["numpy"][2] > s) == (task != "hopper")
+
+
 def test_randomization_draws_per_env_on_the_device_and_a_reset_redraws_only_its_envs():
     s2r = SimToRealConfig(
         mass_scale=(0.8, 1.2),
@@ -288,6 +312,8 @@ def test_the_same_seed_repeats_a_run_and_a_checkpoint_resumes_it_exactly():
     numpy_env = make("quadruped", 4, seed=5, backend="warp", device=DEVICE, hooks="numpy")
     with pytest.raises(ValueError, match="numpy task hooks"):
         resumed.load_state_dict(numpy_env.state_dict())
+    with pytest.raises(ValueError, match="torch task hooks"):
+        numpy_env.load_state_dict(state)
     with pytest.raises(ValueError, match="task 'quadruped' with 4 envs"):
         make("cartpole", 4, **kw).load_state_dict(state)
     for e in (a, b, c, resumed, numpy_env):

@@ -16,19 +16,21 @@ from sim.tasks.walker2d import Walker2d
 
 
 class _GymHooks(DeviceStep):
-    def _t_init_state(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.const(self.init_qpos), self.const(self.init_qvel)
-
-    def _t_uniform_noise(self, size: int) -> torch.Tensor:
-        s = self.reset_noise_scale
-        return self.uniform(-s, s, (self.num_envs, size))
-
-    def _t_set_reset_state(self, mask, qpos, qvel) -> None:
-        self.write("qpos", qpos, mask)
-        self.write("qvel", qvel, mask)
+    # v5's reset noise: uniform on qpos, and on qvel uniform or normal by task
+    qvel_noise = "uniform"
 
     def _t_ctrl_cost(self, actions: torch.Tensor, weight: float) -> torch.Tensor:
         return weight * actions.square().sum(dim=1)
+
+    def _t_reset(self, mask):
+        n, s = self.num_envs, self.reset_noise_scale
+        qpos = self.const(self.init_qpos) + self.uniform(-s, s, (n, self.model.nq))
+        if self.qvel_noise == "normal":
+            noise = s * self.normal((n, self.model.nv))
+        else:
+            noise = self.uniform(-s, s, (n, self.model.nv))
+        self.write("qpos", qpos, mask)
+        self.write("qvel", self.const(self.init_qvel) + noise, mask)
 
 
 class CartPoleTorch(_GymHooks, CartPole):
@@ -42,14 +44,10 @@ class CartPoleTorch(_GymHooks, CartPole):
         survive = (~terminated).float()
         return survive, terminated, {"reward_survive": survive}
 
-    def _t_reset(self, mask):
-        q0, v0 = self._t_init_state()
-        qpos = q0 + self._t_uniform_noise(self.model.nq)
-        qvel = v0 + self._t_uniform_noise(self.model.nv)
-        self._t_set_reset_state(mask, qpos, qvel)
-
 
 class HalfCheetahTorch(_GymHooks, HalfCheetah):
+    qvel_noise = "normal"
+
     def _t_obs(self):
         return {"qpos": self.field("qpos")[:, 1:], "qvel": self.field("qvel")}
 
@@ -63,13 +61,6 @@ class HalfCheetahTorch(_GymHooks, HalfCheetah):
         terminated = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         extras = {"x_velocity": x_velocity, "reward_forward": forward, "reward_ctrl": -ctrl}
         return forward - ctrl, terminated, extras
-
-    def _t_reset(self, mask):
-        q0, v0 = self._t_init_state()
-        s = self.reset_noise_scale
-        qpos = q0 + self._t_uniform_noise(self.model.nq)
-        qvel = v0 + s * self.normal((self.num_envs, self.model.nv))
-        self._t_set_reset_state(mask, qpos, qvel)
 
 
 class HopperTorch(_GymHooks, Hopper):
@@ -111,18 +102,14 @@ class HopperTorch(_GymHooks, Hopper):
         }
         return forward + survive - ctrl, terminated, extras
 
-    def _t_reset(self, mask):
-        q0, v0 = self._t_init_state()
-        qpos = q0 + self._t_uniform_noise(self.model.nq)
-        qvel = v0 + self._t_uniform_noise(self.model.nv)
-        self._t_set_reset_state(mask, qpos, qvel)
-
 
 class Walker2dTorch(HopperTorch, Walker2d):
     """Hopper's torch hooks with Walker2d's model and healthy ranges."""
 
 
 class AntTorch(_GymHooks, Ant):
+    qvel_noise = "normal"
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fresh = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
@@ -174,9 +161,5 @@ class AntTorch(_GymHooks, Ant):
         return (forward + survive) - (ctrl + contact), terminated, extras
 
     def _t_reset(self, mask):
-        q0, v0 = self._t_init_state()
-        s = self.reset_noise_scale
-        qpos = q0 + self._t_uniform_noise(self.model.nq)
-        qvel = v0 + s * self.normal((self.num_envs, self.model.nv))
-        self._t_set_reset_state(mask, qpos, qvel)
+        super()._t_reset(mask)
         self.fresh = self.fresh | mask
