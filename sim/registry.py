@@ -42,12 +42,13 @@ def resolve_hooks(
     naming what is wrong with a request."""
     if hooks not in HOOKS:
         raise ValueError(f"hooks must be one of {list(HOOKS)}, got {hooks!r}")
-    why_not = None
-    if task in _TORCH_TASKS:
-        why_not = _TORCH_TASKS[task]().torch_unsupported(options or {})
+
+    def why_not() -> str | None:
+        return _TORCH_TASKS[task]().torch_unsupported(options or {})
+
     if hooks == "auto":
         fast = backend == "warp" and device.type == "cuda" and task in _TORCH_TASKS
-        return "torch" if fast and why_not is None else "numpy"
+        return "torch" if fast and why_not() is None else "numpy"
     if hooks == "torch":
         if backend != "warp":
             raise ValueError(
@@ -58,8 +59,9 @@ def resolve_hooks(
             raise ValueError(
                 f"task {task!r} has no torch hooks; tasks with them: {', '.join(torch_hook_tasks())}"
             )
-        if why_not is not None:
-            raise ValueError(f"task {task!r}: {why_not}")
+        reason = why_not()
+        if reason is not None:
+            raise ValueError(f"task {task!r}: {reason}")
     return hooks
 
 

@@ -402,3 +402,13 @@ def test_ppo_learns_on_the_torch_hooks(tmp_path):
         assert after > 1.5 * before, (before, after)
     finally:
         runner.close()
+
+
+def test_a_config_saved_before_env_hooks_keeps_the_numpy_hooks():
+    """An older run resumed on CUDA must rebuild the env whose state it saved."""
+    from training.config import from_dict
+    from training.train_configs import EnvConfig
+
+    old = from_dict(EnvConfig, {"task": "quadruped", "backend": "warp"})
+    assert old.hooks == "numpy"
+    assert EnvConfig(task="quadruped").hooks == "auto"

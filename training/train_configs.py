@@ -60,6 +60,9 @@ __all__ = [
 class EnvConfig:
     """The simulated task the policy trains on."""
 
+    # configs saved before env.hooks existed ran the numpy hooks on every device
+    ADDED: ClassVar[dict[str, str]] = {"hooks": "numpy"}
+
     task: str = "cartpole"
     """Task name (see `sim2real tasks`)."""
     num_envs: int = 64
