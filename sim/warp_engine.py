@@ -114,7 +114,12 @@ class WarpEngine:
         self.written_model_fields: set[str] = set()
         self._read: set[str] = set()
         with self.wp.ScopedDevice(device):
-            self.m = self.mjw.put_model(model)
+            try:
+                self.m = self.mjw.put_model(model)
+            except NotImplementedError as e:  # e.g. humanoid.xml's PGS solver
+                raise ValueError(
+                    f"MuJoCo Warp cannot simulate this model: {e} Use backend 'c'."
+                ) from e
             self.d = self.mjw.make_data(model, nworld=num_envs)
         self._is_cpu = device == "cpu"
         # CUDA only: host copies of data fields, valid until the next physics call, and

@@ -345,6 +345,9 @@ def test_bad_hook_requests_are_named():
         make("cartpole", 2, hooks="torch")
     with pytest.raises(ValueError, match="'humanoid' has no torch hooks"):
         make("humanoid", 2, backend="warp", hooks="torch")
+    # nor can Warp build it: its MJCF picks the PGS solver, which MuJoCo Warp lacks
+    with pytest.raises(ValueError, match="MuJoCo Warp cannot simulate this model: .*PGS"):
+        make("humanoid", 2, backend="warp")
     with pytest.raises(ValueError, match="flat ground"):
         make("quadruped", 2, backend="warp", hooks="torch", terrain=True)
     with pytest.raises(ValueError, match="hooks must be one of"):
