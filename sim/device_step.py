@@ -22,7 +22,9 @@ What differs from the numpy step, and why:
   (`skip_idle_resets`; the draws then differ from a GPU run's of the same seed).
 - nan_action="raise" asks the device once a step whether the actions are finite (one
   scalar); "reset" ends the episodes of the bad envs without asking.
-- Warp computes in float32, and the hooks compute in float32 too.
+- Warp computes in float32, and the hooks compute in float32 too, but for what a task
+  writes into the simulation that the numpy hooks compute in float64 (the legged
+  tasks' PD targets): that is rounded once, as theirs, so both give the same physics.
 """
 
 from __future__ import annotations

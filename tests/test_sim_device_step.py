@@ -45,8 +45,10 @@ def _pair(task: str, num_envs: int = 6, **kwargs):
     ref.reset(), dev.reset()
     state = dev.get_state()
     ref.set_state(state["qpos"], state["qvel"])
-    if task in ("quadruped", "go1"):  # the commands each drew
+    if hasattr(dev, "commands"):  # the commands each drew
         ref.set_command(dev.commands.cpu().numpy())
+    if dev.__dict__.get("terrain") is not None:  # the level each env started on
+        ref.terrain_levels[:] = dev.terrain_levels.cpu().numpy()
     return ref, dev
 
 
@@ -54,18 +56,27 @@ def _close(a, b, what: str, atol: float = 2e-4) -> None:
     torch.testing.assert_close(a.cpu().float(), b.cpu().float(), rtol=1e-4, atol=atol, msg=what)
 
 
-@pytest.mark.parametrize("task", [*TASKS, "go1"])
-def test_torch_hooks_step_as_the_numpy_hooks_until_each_env_ends(task):
+SMALL_TERRAIN = {"terrain": {"num_levels": 5, "num_cols": 5}}
+
+
+@pytest.mark.parametrize(
+    "task, options",
+    [(t, {}) for t in TASKS] + [("go1", {}), ("quadruped", SMALL_TERRAIN), ("go1_rough", {})],
+)
+def test_torch_hooks_step_as_the_numpy_hooks_until_each_env_ends(task, options):
     """Step by step, each env until its first episode ends (and that step's final
     observation): the envs still running after another one reset must not notice."""
-    ref, dev = _pair(task)
+    ref, dev = _pair(task, **options)
     dev.skip_idle_resets = False  # the GPU's step: the masked reset path every step
     try:
         assert type(dev).__name__.endswith("Torch") and dev.device.type == DEVICE
         running = torch.ones(dev.num_envs, dtype=torch.bool)
         ended_some = False
         for t in range(60):
-            a = _actions(ref, t, 0.05 if task == "cartpole" else 0.8)  # the pole falls later
+            # the pole falls later; on a terrain, a walk that reaches other tiles
+            a = _actions(
+                ref, t, {"cartpole": 0.05}.get(task, 0.3 if options or task == "go1_rough" else 0.8)
+            )
             o_r, r_r, te_r, tr_r, i_r = ref.step(a)
             o_d, r_d, te_d, tr_d, i_d = dev.step(a.to(dev.device))
             te_d, tr_d = te_d.cpu(), tr_d.cpu()
@@ -189,6 +200,50 @@ def test_resets_draw_the_v5_noise_of_the_numpy_hooks(task):
     np.testing.assert_allclose(spread["torch"][1::2], spread["numpy"][1::2], rtol=0.05)
     # the qvel's largest draw tells uniform (at most the scale) from normal (beyond it)
     assert (spread["torch"][2] > s) == (spread["numpy"][2] > s) == (task != "hopper")
+
+
+def test_the_terrain_curriculum_and_spawns_on_the_device_follow_the_numpy_rules():
+    """Levels move by sim.terrain.next_levels (up after half a tile, down after less
+    than half the distance asked, off the top to a random level); the reset robots
+    stand on their own tile, above its highest ground."""
+    from sim.terrain import next_levels
+
+    env = make(
+        "quadruped", 8, seed=0, backend="warp", device=DEVICE, hooks="torch", **SMALL_TERRAIN
+    )
+    try:
+        env.reset()
+        cfg = env.terrain.cfg
+        levels = torch.tensor([0, 1, 2, 3, 4, 4, 2, 1], device=env.device)
+        env.terrain_levels = levels.clone()
+        env.episode_length = torch.full((8,), 200, device=env.device)
+        walked = torch.tensor([5.0, 0.1, 3.0, 0.2, 5.0, 1.0, 0.0, 2.0], device=env.device)
+        env.spawn_xy = torch.zeros(8, 2, device=env.device)
+        env.end_xy = torch.stack([walked, torch.zeros_like(walked)], dim=1)
+        env.asked = torch.full((8,), 3.0, device=env.device)
+        env.commands = torch.zeros(8, 3, device=env.device)
+        mask = torch.ones(8, dtype=torch.bool, device=env.device)
+        mask[7] = False  # still running: its level stays
+        env._t_terrain_curriculum(mask)
+        got = env.terrain_levels.cpu().numpy()
+        want = next_levels(
+            levels.cpu().numpy(), walked.cpu().numpy(), np.full(8, 3.0), cfg.tile_size,
+            cfg.num_levels, np.random.default_rng(0),
+        )  # fmt: skip
+        top = (levels.cpu().numpy() + (walked.cpu().numpy() > cfg.tile_size / 2)) >= cfg.num_levels
+        np.testing.assert_array_equal(got[:7][~top[:7]], want[:7][~top[:7]])
+        assert got[7] == 1 and ((0 <= got[top]) & (got[top] < cfg.num_levels)).all()
+        # placement: the reset robots spawn on their tile, above the ground under them
+        env._t_reset_where(mask)
+        qpos = torch.as_tensor(env.get_state()["qpos"])
+        origin = env._hf.origins[env.terrain_levels, env.terrain_cols].cpu()
+        off = (qpos[:7, 0:2] - origin[:7, 0:2]).abs()
+        assert off.max() <= env.spawn_jitter + 1e-5
+        ground = env._hf.height_at(qpos[:, 0:2].to(env.device)).cpu()
+        assert (qpos[:7, 2] - ground[:7] > 0.2).all()
+        _close(env.spawn_xy[:7], qpos[:7, 0:2], "spawn points")
+    finally:
+        env.close()
 
 
 def test_randomization_draws_per_env_on_the_device_and_a_reset_redraws_only_its_envs():
@@ -348,8 +403,6 @@ def test_bad_hook_requests_are_named():
     # nor can Warp build it: its MJCF picks the PGS solver, which MuJoCo Warp lacks
     with pytest.raises(ValueError, match="MuJoCo Warp cannot simulate this model: .*PGS"):
         make("humanoid", 2, backend="warp")
-    with pytest.raises(ValueError, match="flat ground"):
-        make("quadruped", 2, backend="warp", hooks="torch", terrain=True)
     with pytest.raises(ValueError, match="hooks must be one of"):
         make("cartpole", 2, backend="warp", hooks="cuda")
     assert set(TASKS) <= set(torch_hook_tasks())
@@ -357,7 +410,7 @@ def test_bad_hook_requests_are_named():
     assert resolve_hooks("quadruped", "auto", "warp", cuda) == "torch"
     assert resolve_hooks("quadruped", "auto", "warp", cpu) == "numpy"
     assert resolve_hooks("quadruped", "auto", "c", cuda) == "numpy"
-    assert resolve_hooks("quadruped", "auto", "warp", cuda, {"terrain": True}) == "numpy"
+    assert resolve_hooks("go1_rough", "auto", "warp", cuda, {"terrain": True}) == "torch"
     assert resolve_hooks("humanoid", "auto", "warp", cuda) == "numpy"
     from training.train_configs import build_ppo_config
 

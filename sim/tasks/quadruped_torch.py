@@ -1,9 +1,8 @@
 """The quadruped's hooks in torch, for the step that stays on the device
 (sim.device_step): Quadruped's observation, reward, constraints, commands, command
-curriculum and reset, term by term, on tensors that share the Warp engine's memory.
-
-Flat ground only: the terrain's heightfield queries (sim/terrain.py) are numpy, so a
-terrain task (`terrain=`, go1_rough) runs with hooks="numpy".
+curriculum and reset, term by term, on tensors that share the Warp engine's memory;
+on a terrain (`terrain=`, go1_rough) with sim/tasks/terrain_torch.py's heightfield
+lookups and terrain curriculum.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import numpy as np
 import torch
 
 from sim.device_step import DeviceStep
-from sim.tasks.go1 import Go1
+from sim.tasks.go1 import Go1, Go1Rough
 from sim.tasks.quadruped import (
     _BOUNDING_BOX,
     _CAPSULE,
@@ -22,6 +21,7 @@ from sim.tasks.quadruped import (
     JOINTS,
     Quadruped,
 )
+from sim.tasks.terrain_torch import TerrainTorch
 
 
 def quat_to_mat(q: torch.Tensor) -> torch.Tensor:
@@ -50,20 +50,8 @@ def quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     )
 
 
-class QuadrupedTorch(DeviceStep, Quadruped):
-    @classmethod
-    def torch_unsupported(cls, options):
-        if options.get("terrain"):
-            return (
-                "the quadruped's torch hooks are for flat ground; a terrain task runs with "
-                "hooks='numpy' (its heightfield queries are numpy)"
-            )
-        return None
-
+class QuadrupedTorch(TerrainTorch, DeviceStep, Quadruped):
     def __init__(self, *args, **kwargs):
-        why_not = self.torch_unsupported(kwargs)
-        if why_not is not None:
-            raise ValueError(why_not)
         super().__init__(*args, **kwargs)
         n, dev, nf = self.num_envs, self.device, len(self.foot_geoms)
         c = self.const
@@ -87,6 +75,14 @@ class QuadrupedTorch(DeviceStep, Quadruped):
             "bg_size": c(self._bg_size),
             "bg_aabb": c(self._bg_aabb),
         }
+        self._ctrl64 = {
+            "default_joint_pos": c(self.default_joint_pos, torch.float64),
+            "action_scale": c(self.action_scale, torch.float64),
+            "jlo": c(self._jrange[:, 0], torch.float64),
+            "jhi": c(self._jrange[:, 1], torch.float64),
+            "low": c(self.action_spec.low, torch.float64),
+            "high": c(self.action_spec.high, torch.float64),
+        }
         self._ti = {
             "jqpos": torch.as_tensor(self._jqpos, device=dev),
             "jdof": torch.as_tensor(self._jdof, device=dev),
@@ -95,6 +91,8 @@ class QuadrupedTorch(DeviceStep, Quadruped):
         }
         if self.fixed_command is not None:
             self._c["fixed_command"] = c(self.fixed_command)
+        if self.terrain is not None:
+            self._t_init_terrain()
 
     # ------------------------------------------------------------------ commands
     def set_command(self, cmd, ids=None) -> None:
@@ -136,12 +134,16 @@ class QuadrupedTorch(DeviceStep, Quadruped):
         qpos, qvel = self.field("qpos"), self.field("qvel")
         rot = quat_to_mat(qpos[:, 3:7])
         return {
-            "height": qpos[:, 2] - self.floor_height,
+            "height": qpos[:, 2] - self._t_ground(qpos[:, 0:2]),
             "rot": rot,
             "lin_vel": torch.einsum("nji,nj->ni", rot, qvel[:, 0:3]),
             "ang_vel": qvel[:, 3:6].clone(),
             "gravity": -rot[:, 2, :],
         }
+
+    def _t_ground(self, xy: torch.Tensor) -> torch.Tensor | float:
+        """Ground height under the points `xy` (..., 2): the floor, or the terrain's."""
+        return self.floor_height if self.terrain is None else self._t_ground_under(xy)
 
     def _t_joint_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         def compute():
@@ -183,13 +185,14 @@ class QuadrupedTorch(DeviceStep, Quadruped):
 
     def _t_foot_contacts(self) -> torch.Tensor:
         feet = self.field("geom_xpos")[:, self._ti["feet"]]
-        return feet[..., 2] - self._c["foot_radius"] - self.floor_height < self.foot_contact_margin
+        ground = self._t_ground(feet[..., 0:2])
+        return feet[..., 2] - self._c["foot_radius"] - ground < self.foot_contact_margin
 
     # ------------------------------------------------------------------ hooks
     def _t_obs(self):
         base = self._t_base_state()
         jpos, jvel = self._t_joint_state()
-        return {
+        obs = {
             "base_ang_vel": base["ang_vel"],
             "projected_gravity": base["gravity"],
             "command": self.commands,
@@ -202,17 +205,25 @@ class QuadrupedTorch(DeviceStep, Quadruped):
             "motor_strength": self.strength[:, self._ti["act"]],
             "base_height": base["height"][:, None],
         }
+        if self.terrain is not None and self.height_scan:
+            obs["height_scan"] = self._t_scan()
+        return obs
 
     def _t_ctrl(self, actions: torch.Tensor) -> torch.Tensor:
-        c = self._c
-        clipped = torch.maximum(torch.minimum(actions, self._high), self._low)
+        # in float64, rounded once when stored, as the numpy hooks do: a target one float32
+        # ulp off is enough for two rollouts to part at the next foot contact on rough ground
+        c = self._ctrl64
+        a = actions.double()
+        clipped = torch.maximum(torch.minimum(a, c["high"]), c["low"])
         target = c["default_joint_pos"] + c["action_scale"] * clipped
         target = torch.maximum(torch.minimum(target, c["jhi"]), c["jlo"])
-        ctrl = torch.empty(self.num_envs, self.model.nu, device=self.device)
+        ctrl = torch.empty(self.num_envs, self.model.nu, device=self.device, dtype=torch.float64)
         ctrl[:, self._ti["act"]] = target
         return ctrl
 
     def _t_reward(self, pre, actions):
+        if self.terrain is not None:
+            self._t_terrain_ask()  # the command in force during this step, before a new draw
         w, dt = self.reward_weights, self.dt
         base = self._t_base_state()
         qpos = self.field("qpos")
@@ -258,12 +269,17 @@ class QuadrupedTorch(DeviceStep, Quadruped):
             extras["command_level"] = self.command_levels.float()
         self.last_joint_vel = jvel
         self.prev_applied = actions.clone()
-        base_contact = self._t_base_lowest_point(base, qpos) < self.base_contact_margin
+        if self.terrain is not None:
+            base_contact = self._t_terrain_base_contact()
+        else:
+            base_contact = self._t_base_lowest_point(base, qpos) < self.base_contact_margin
         low = base["height"] < self.min_base_height
         tilted = base["gravity"][:, 2] > -np.cos(self.max_tilt)
         terminated = base_contact | low | tilted
         if self.fixed_command is None and self._resample_steps is not None:
             self._t_sample_commands((self.episode_length + 1) % self._resample_steps == 0)
+        if self.terrain is not None:
+            terminated = terminated | self._t_terrain_step(extras)
         return reward, terminated, extras
 
     def _t_constraint_violations(self, base, qpos, jvel, tau, short_step):
@@ -293,6 +309,8 @@ class QuadrupedTorch(DeviceStep, Quadruped):
         self.tracking_sum = torch.where(mask, 0.0, self.tracking_sum)
 
     def _t_reset(self, mask):
+        if self.terrain is not None:
+            self._t_terrain_curriculum(mask)
         self._t_command_curriculum(mask)
         n, c, jq = self.num_envs, self._c, self._ti["jqpos"]
         qpos = c["reset_qpos"].expand(n, -1).clone()
@@ -315,7 +333,13 @@ class QuadrupedTorch(DeviceStep, Quadruped):
         self.last_contacts = self.last_contacts & ~m2
         self.prev_applied = torch.where(m2, 0.0, self.prev_applied)
         self.last_joint_vel = torch.where(m2, 0.0, self.last_joint_vel)
+        if self.terrain is not None:
+            self._t_place_on_terrain(mask)
 
 
 class Go1Torch(QuadrupedTorch, Go1):
-    """The Go1 on flat ground, its hooks in torch."""
+    """The Go1, its hooks in torch."""
+
+
+class Go1RoughTorch(QuadrupedTorch, Go1Rough):
+    """The Go1 on its terrain curriculum, its hooks in torch."""
