@@ -66,8 +66,6 @@ class DeviceStep:
         self._tmemo: dict[str, Any] | None = None
         self._tobs: dict[str, torch.Tensor] | None = None
         self._model_views = self._randomized_fields()
-        self._low = self.const(self.action_spec.low)
-        self._high = self.const(self.action_spec.high)
         policy = self.observation_spec.policy
         self._t_noise_std = self.const(self._noise_std)
         self._t_bias_std = self.const(self._bias_std)

@@ -64,7 +64,6 @@ class QuadrupedTorch(TerrainTorch, DeviceStep, Quadruped):
         self.last_joint_vel = torch.zeros(n, len(JOINTS), device=dev)
         self._c = {
             "default_joint_pos": c(self.default_joint_pos),
-            "action_scale": c(self.action_scale),
             "jlo": c(self._jrange[:, 0]),
             "jhi": c(self._jrange[:, 1]),
             "reset_qpos": c(self._reset_qpos),
