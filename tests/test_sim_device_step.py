@@ -98,6 +98,9 @@ def test_torch_hooks_step_as_the_numpy_hooks_until_each_env_ends(task, options):
             running &= ~done
             for g in o_r:
                 _close(o_r[g][running], o_d[g].cpu()[running], f"obs {g} at {t}", atol=1e-3)
+            if DEVICE == "cpu":  # one engine, the same inputs: the same physics, bit for bit
+                q_r, q_d = (torch.as_tensor(e.get_state()["qpos"]) for e in (ref, dev))
+                assert torch.equal(q_r[running], q_d[running]), f"qpos differs at step {t}"
             if not running.any():
                 break
         if task in ("hopper", "walker2d", "cartpole"):
