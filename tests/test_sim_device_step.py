@@ -471,3 +471,33 @@ def test_a_config_saved_before_env_hooks_keeps_the_numpy_hooks():
     old = from_dict(EnvConfig, {"task": "quadruped", "backend": "warp"})
     assert old.hooks == "numpy"
     assert EnvConfig(task="quadruped").hooks == "auto"
+
+
+def test_a_run_on_the_torch_hooks_resumes_exactly(tmp_path):
+    """The one runner's checkpoint carries the torch-hooks env (its tensors, generator
+    and the engine's randomized model): 3 + 3 iterations equal 6, with the quadruped's
+    randomization, latency, noise and pushes on."""
+    from training.checkpoint import load_checkpoint
+    from training.runner import OnPolicyRunner, parameters_vector
+    from training.train_configs import build_ppo_config
+
+    over = ["run.progress=false", "run.tensorboard=false", "run.video=false", "run.seed=0"]
+    over += ["env.num_envs=6", "ppo.num_steps=8", "policy.actor_hidden=32,32"]
+    over += ["policy.critic_hidden=32,32", "env.backend=warp", "env.hooks=torch"]
+
+    def train(name: str, steps: int, resume=None):
+        cfg = build_ppo_config("quadruped", over + [f"run.total_steps={steps}"])
+        runner = OnPolicyRunner(cfg, tmp_path / name, resume=resume)
+        try:
+            runner.train()
+            return runner.env_steps, parameters_vector(runner.policy)
+        finally:
+            runner.close()
+
+    whole = train("whole", 288)
+    train("split", 144)
+    resumed = train("split", 288, resume=tmp_path / "split")
+    assert resumed[0] == whole[0] == 288
+    assert torch.equal(resumed[1], whole[1])
+    env = load_checkpoint(tmp_path / "split" / "checkpoints" / "latest.pt")["env"]
+    assert env["hooks"] == "torch" and "model.body_mass" in env["engine"]
