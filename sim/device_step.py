@@ -63,7 +63,6 @@ class DeviceStep:
         self._gen = torch.Generator(device=dev)
         self._gen.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
         self._views: dict[str, torch.Tensor] = {}
-        self._tmemo: dict[str, Any] | None = None
         self._tobs: dict[str, torch.Tensor] | None = None
         self._model_views = self._randomized_fields()
         policy = self.observation_spec.policy
@@ -131,16 +130,6 @@ class DeviceStep:
 
     def normal(self, shape) -> torch.Tensor:
         return torch.randn(shape, generator=self._gen, device=self.device)
-
-    def per_step(self, key: str, compute: Any) -> Any:
-        """`compute()`, once between a step's physics and its resets (MujocoVecEnv's
-        `_per_step`, for the torch hooks)."""
-        memo = self._tmemo
-        if memo is None:
-            return compute()
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
 
     # ------------------------------------------------------------------ torch hooks
     def _t_pre_step(self) -> Any:
@@ -353,7 +342,7 @@ class DeviceStep:
         pre = self._t_pre_step()
         self.write("ctrl", self._t_ctrl(applied))
         self.engine.physics(self.frame_skip)
-        self._tmemo = {}
+        self._memo = {}
         try:
             reward, terminated, extras = self._t_reward(pre, applied)
             reward = reward.float()
@@ -368,7 +357,7 @@ class DeviceStep:
             self.last_action = actions.clone()
             obs = self._t_observe(None)
         finally:
-            self._tmemo = None
+            self._memo = None
         done = terminated | truncated
         info: dict[str, Any] = {k: v.to(self.dtype) for k, v in extras.items()}
         # an unstable env ends with its last sane observation and zeros in its terms

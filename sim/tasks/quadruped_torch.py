@@ -127,7 +127,7 @@ class QuadrupedTorch(TerrainTorch, DeviceStep, Quadruped):
 
     # ------------------------------------------------------------------ state
     def _t_base_state(self) -> dict[str, torch.Tensor]:
-        return self.per_step("base_state", self._t_compute_base_state)
+        return self._per_step("base_state", self._t_compute_base_state)
 
     def _t_compute_base_state(self) -> dict[str, torch.Tensor]:
         qpos, qvel = self.field("qpos"), self.field("qvel")
@@ -150,7 +150,7 @@ class QuadrupedTorch(TerrainTorch, DeviceStep, Quadruped):
             jpos = qpos[:, self._ti["jqpos"]] - self._c["default_joint_pos"]
             return jpos, qvel[:, self._ti["jdof"]]
 
-        return self.per_step("joint_state", compute)
+        return self._per_step("joint_state", compute)
 
     def _t_base_lowest_point(self, base, qpos) -> torch.Tensor:
         if len(self._base_geoms) == 0:
